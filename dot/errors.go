@@ -1,0 +1,37 @@
+package dot
+
+import "errors"
+
+// Sentinel errors returned by Pool.Exchange. Callers test them with errors.Is; the
+// returned error may wrap a lower-level cause (a TLS or network error) as well.
+var (
+	// ErrPoolClosed is returned once Close has been called.
+	ErrPoolClosed = errors.New("dot: pool closed")
+	// ErrTimeout means no answer arrived within the attempt's read timeout.
+	ErrTimeout = errors.New("dot: timeout waiting for answer")
+	// ErrConnLost means the connection carrying the query died (server close, TLS or
+	// network error, stall) and the query could not be replayed.
+	ErrConnLost = errors.New("dot: connection lost")
+	// ErrStalled is wrapped by ErrConnLost when the connection read nothing for the
+	// stall timeout while queries were outstanding.
+	ErrStalled = errors.New("dot: connection stalled")
+	// ErrUnavailable means the upstream has no usable connection and is in dial
+	// backoff after failures: the caller should try another upstream.
+	ErrUnavailable = errors.New("dot: upstream unavailable")
+	// ErrDial means a TCP connect or TLS handshake failed. Authentication failures
+	// (unknown CA, wrong name, expired certificate, pin mismatch) are dial errors.
+	ErrDial = errors.New("dot: dial failed")
+	// ErrPinMismatch is wrapped by ErrDial when no certificate in the chain matches
+	// a configured SPKI pin.
+	ErrPinMismatch = errors.New("dot: no SPKI pin matched")
+	// ErrMalformed means the upstream's answer could not be parsed.
+	ErrMalformed = errors.New("dot: malformed answer")
+	// ErrBadQuery means the query cannot be forwarded: it does not have exactly one
+	// question, cannot be packed, or is a zone transfer (multi-message answers
+	// cannot be pipelined).
+	ErrBadQuery = errors.New("dot: query cannot be forwarded")
+)
+
+// errUnsent reports that a query's connection died before the query was handed to
+// TLS; the caller moves it to another connection without counting an attempt.
+var errUnsent = errors.New("dot: connection closed before query was written")

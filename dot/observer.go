@@ -1,0 +1,72 @@
+package dot
+
+import "time"
+
+// Observer receives a pool's events. Implementations must be cheap and safe for
+// concurrent use: they are called on the hot path, outside the pool's locks.
+type Observer interface {
+	// Dialed reports a finished dial: how long TCP connect plus TLS handshake took,
+	// whether the TLS session was resumed, and the error if it failed.
+	Dialed(took time.Duration, resumed bool, err error)
+	// Closed reports a connection closing and why.
+	Closed(reason CloseReason)
+	// Dropped reports an upstream message that was discarded and why.
+	Dropped(reason DropReason)
+	// Replayed reports a written-but-unanswered query re-sent after its connection died.
+	Replayed()
+	// TimedOut reports an attempt that got no answer within the read timeout.
+	TimedOut()
+}
+
+// CloseReason says why a connection closed.
+type CloseReason int
+
+// Connection close reasons.
+const (
+	CloseIdle        CloseReason = iota // no queries for the idle timeout
+	CloseServer                         // the server closed it (EOF)
+	CloseError                          // a read, write or protocol error
+	CloseStall                          // nothing read for the stall timeout with queries outstanding
+	CloseMaxAge                         // drained after reaching MaxAge
+	CloseDrain                          // drained on the server's keepalive timeout 0 or too many tombstones
+	ClosePool                           // the pool was closed
+	closeReasonCount
+)
+
+var closeReasonNames = [...]string{"idle", "server_close", "error", "stall", "max_age", "drain", "shutdown"}
+
+func (r CloseReason) String() string {
+	if r < 0 || r >= closeReasonCount {
+		return "unknown"
+	}
+	return closeReasonNames[r]
+}
+
+// DropReason says why an upstream message was discarded.
+type DropReason int
+
+// Reasons for discarding an upstream message.
+const (
+	DropUnknownID     DropReason = iota // no query outstanding with that ID
+	DropWrongQuestion                   // ID matched but the question did not
+	DropMalformed                       // too short or unparsable
+	DropLate                            // answer to a query that already timed out
+	dropReasonCount
+)
+
+var dropReasonNames = [...]string{"unknown_id", "wrong_question", "malformed", "late"}
+
+func (r DropReason) String() string {
+	if r < 0 || r >= dropReasonCount {
+		return "unknown"
+	}
+	return dropReasonNames[r]
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Dialed(time.Duration, bool, error) {}
+func (nopObserver) Closed(CloseReason)                {}
+func (nopObserver) Dropped(DropReason)                {}
+func (nopObserver) Replayed()                         {}
+func (nopObserver) TimedOut()                         {}

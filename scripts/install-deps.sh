@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the tests and benchmarks need on a fresh Debian machine: the DoT
+# servers and DNS clients they drive, and the Go modules. Idempotent: installs only
+# what is missing.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have unbound  || need+=(unbound)
+have dnsdist  || need+=(dnsdist)
+have kresd    || need+=(knot-resolver)
+have kdig     || need+=(knot-dnsutils)
+have dig      || need+=(dnsutils)
+have dnsperf  || need+=(dnsperf)
+have openssl  || need+=(openssl)
+have ss       || need+=(iproute2)
+
+if [ ${#need[@]} -gt 0 ]; then
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	echo "install-deps: installing ${need[*]}"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The packaged daemons may have been started by their postinst scripts; the tests
+# start their own instances on 127.0.0.1 with their own configuration.
+go mod download
