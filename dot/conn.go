@@ -1,0 +1,436 @@
+package dot
+
+import (
+	"bufio"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Call states. The writer moves a call from queued to sent just before copying it
+// into the write buffer; a caller or the sweeper giving up moves it from queued to
+// abandoned. Whichever CAS wins decides whether the query may be on the wire.
+const (
+	callQueued int32 = iota
+	callSent
+	callAbandoned
+)
+
+// call is one attempt of a query on one connection.
+type call struct {
+	q        *query
+	deadline int64       // unix ns after which the attempt times out; immutable
+	resp     chan result // cap 1; exactly one completion is ever sent (see conn.mu)
+	state    atomic.Int32
+	sentAt   atomic.Int64 // unix ns when the batch holding it was flushed; 0 before
+	id       uint16       // connection-local ID, set under conn.mu by register
+
+	// tombUntil, guarded by conn.mu, is non-zero once the caller gave up on the sent
+	// query: its ID stays reserved until the late answer arrives or this time passes.
+	tombUntil int64
+}
+
+// result completes a call: an answer frame (without length prefix) or an error.
+type result struct {
+	frame []byte
+	err   error
+}
+
+// conn is one TLS connection to the upstream, carrying many queries at once. Its
+// reader goroutine frames answers and hands each to its call; its writer goroutine
+// coalesces queued queries into one TLS write.
+//
+// Ownership rule: a call is live while it is in calls with tombUntil == 0. Whoever
+// ends that state under mu (reader on an answer, sweeper on a timeout, closeFor on
+// death, the caller on cancellation) completes the call, and only that one.
+type conn struct {
+	pool   *Pool
+	tc     *tls.Conn
+	br     *bufio.Reader // reader goroutine only
+	bw     *bufio.Writer // writer goroutine only
+	writeq chan *call    // cap MaxInflight >= live calls, so a send never blocks
+	done   chan struct{} // closed when the connection is closed
+	born   int64         // unix ns
+
+	load     atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
+	unusable atomic.Bool  // closed or draining; written under mu
+	lastRead atomic.Int64 // unix ns of the last frame read
+	lastUsed atomic.Int64 // unix ns of the last query registered or answered
+
+	mu       sync.Mutex
+	calls    map[uint16]*call // guarded by mu: live calls and tombstones by ID
+	nextID   uint16           // guarded by mu
+	tombs    int              // guarded by mu
+	answered int              // guarded by mu: answers delivered on this connection
+	closed   bool             // guarded by mu
+	draining CloseReason      // guarded by mu: why it drains; -1 when not draining
+	idle     time.Duration    // guarded by mu: IdleTimeout, lowered by the server's keepalive
+}
+
+func newConn(p *Pool, tc *tls.Conn) *conn {
+	now := nanotime()
+	c := &conn{
+		pool:     p,
+		tc:       tc,
+		br:       bufio.NewReaderSize(tc, 16<<10),
+		bw:       bufio.NewWriterSize(tc, 16<<10),
+		writeq:   make(chan *call, p.cfg.MaxInflight),
+		done:     make(chan struct{}),
+		born:     now,
+		calls:    make(map[uint16]*call, p.cfg.MaxInflight),
+		draining: -1,
+		idle:     p.cfg.IdleTimeout,
+	}
+	c.lastRead.Store(now)
+	c.lastUsed.Store(now)
+	return c
+}
+
+// register reserves a slot and an ID for cl and queues it for writing. It fails if
+// the connection is full, draining or closed.
+func (c *conn) register(cl *call) bool {
+	c.mu.Lock()
+	if c.closed || c.draining >= 0 || len(c.calls) >= c.pool.cfg.MaxInflight {
+		c.mu.Unlock()
+		return false
+	}
+	// len(calls) < MaxInflight <= 65535/2, so a free ID is found within a few steps.
+	for {
+		id := c.nextID
+		c.nextID++
+		if _, busy := c.calls[id]; !busy {
+			cl.id = id
+			break
+		}
+	}
+	c.calls[cl.id] = cl
+	c.load.Store(int32(len(c.calls)))
+	c.mu.Unlock()
+	c.lastUsed.Store(nanotime())
+	c.writeq <- cl
+	return true
+}
+
+// writeLoop writes queued calls, coalescing everything queued while a write was in
+// progress into one flush: one TLS record and one syscall for a burst of queries.
+func (c *conn) writeLoop() {
+	defer c.pool.wg.Done()
+	var hdr [4]byte
+	var batch []*call
+	for {
+		var cl *call
+		select {
+		case cl = <-c.writeq:
+		case <-c.done:
+			return
+		}
+		batch = batch[:0]
+		for cl != nil {
+			if cl.state.CompareAndSwap(callQueued, callSent) {
+				// The shared wire is never written to: our length and ID go in front.
+				binary.BigEndian.PutUint16(hdr[:], uint16(len(cl.q.wire)-2))
+				binary.BigEndian.PutUint16(hdr[2:], cl.id)
+				c.bw.Write(hdr[:])
+				c.bw.Write(cl.q.wire[4:])
+				batch = append(batch, cl)
+			}
+			select {
+			case cl = <-c.writeq:
+			default:
+				cl = nil
+			}
+		}
+		if len(batch) == 0 {
+			continue
+		}
+		c.tc.SetWriteDeadline(time.Now().Add(c.pool.cfg.WriteTimeout))
+		err := c.bw.Flush() // bufio keeps the first error: it is sticky
+		now := nanotime()
+		for _, b := range batch {
+			b.sentAt.Store(now)
+		}
+		clear(batch)
+		if err != nil {
+			c.closeFor(fmt.Errorf("write: %w", err), CloseError)
+			return
+		}
+	}
+}
+
+// readLoop frames answers and dispatches them until the connection fails or is
+// closed; then it closes the socket.
+func (c *conn) readLoop() {
+	defer c.pool.wg.Done()
+	defer c.closeSocket()
+	var hdr [2]byte
+	for {
+		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
+			c.readFailed(err)
+			return
+		}
+		frame := make([]byte, binary.BigEndian.Uint16(hdr[:]))
+		if _, err := io.ReadFull(c.br, frame); err != nil {
+			c.readFailed(err)
+			return
+		}
+		c.lastRead.Store(nanotime())
+		c.dispatch(frame)
+	}
+}
+
+// readFailed classifies the error that ended the read loop.
+func (c *conn) readFailed(err error) {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		c.closeFor(errServerClosed, CloseServer)
+		return
+	}
+	c.closeFor(fmt.Errorf("read: %w", err), CloseError) // no-op if we closed it ourselves
+}
+
+var errServerClosed = errors.New("server closed the connection")
+
+// dispatch hands an answer to the call waiting for it, or drops and counts it.
+func (c *conn) dispatch(frame []byte) {
+	if len(frame) < 12 {
+		c.pool.obs.Dropped(DropMalformed)
+		return
+	}
+	id := binary.BigEndian.Uint16(frame)
+	c.mu.Lock()
+	cl, ok := c.calls[id]
+	var drop DropReason = -1
+	switch {
+	case !ok || cl.state.Load() != callSent:
+		drop = DropUnknownID // never asked, or not yet written: nobody can own it
+	case !answers(frame, cl.q.question):
+		drop = DropWrongQuestion // the call keeps waiting for its real answer
+	case cl.tombUntil != 0:
+		drop = DropLate
+		c.removeLocked(cl)
+	default:
+		c.removeLocked(cl)
+		c.answered++
+	}
+	first := drop < 0 && c.answered == 1
+	drain := c.drainedLocked()
+	c.mu.Unlock()
+
+	if drop >= 0 {
+		c.pool.obs.Dropped(drop)
+	} else {
+		cl.resp <- result{frame: frame}
+		c.lastUsed.Store(nanotime())
+	}
+	if first {
+		c.pool.answered()
+	}
+	if drain >= 0 {
+		c.closeFor(errDrained, drain)
+	}
+	c.pool.slotFreed()
+}
+
+var errDrained = errors.New("connection drained")
+
+// removeLocked deletes cl's entry, live or tombstone. c.mu must be held.
+func (c *conn) removeLocked(cl *call) {
+	if cl.tombUntil != 0 {
+		c.tombs--
+	}
+	delete(c.calls, cl.id)
+	c.load.Store(int32(len(c.calls)))
+}
+
+// giveUpLocked ends a live call whose caller or deadline gave up: a query never
+// written is forgotten, a written one leaves a tombstone so that its ID cannot be
+// handed to a newer query before the late answer is in. c.mu must be held.
+func (c *conn) giveUpLocked(cl *call, now int64) {
+	if cl.state.CompareAndSwap(callQueued, callAbandoned) {
+		c.removeLocked(cl)
+		return
+	}
+	cl.tombUntil = now + int64(c.pool.cfg.TombstoneTTL)
+	c.tombs++
+	if c.tombs > c.pool.cfg.MaxInflight/2 && c.draining < 0 {
+		// A connection soaking up unanswered queries is probably black-holed: stop
+		// feeding it and let it drain or stall out.
+		c.setDrainingLocked(CloseDrain)
+	}
+}
+
+// await waits for cl's result or the caller's cancellation.
+func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
+	select {
+	case r := <-cl.resp:
+		return r, true
+	case <-done:
+	}
+	c.mu.Lock()
+	live := c.calls[cl.id] == cl && cl.tombUntil == 0 && !c.closed
+	if live {
+		c.giveUpLocked(cl, nanotime())
+	}
+	c.mu.Unlock()
+	if live {
+		c.pool.slotFreed()
+		return result{}, false
+	}
+	// Someone completed it first; prefer that result, an answer in particular.
+	return <-cl.resp, true
+}
+
+// sweep runs on the pool's ticker: it times out calls past their deadline, reaps
+// tombstones, and closes the connection when it is stalled, idle or drained.
+func (c *conn) sweep(now int64) {
+	cfg := &c.pool.cfg
+	var expired []*call
+	var oldest int64 // oldest sentAt among outstanding written queries
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	for _, cl := range c.calls {
+		if cl.tombUntil != 0 && now > cl.tombUntil {
+			c.removeLocked(cl)
+			continue
+		}
+		if cl.tombUntil == 0 && now > cl.deadline {
+			c.giveUpLocked(cl, now)
+			expired = append(expired, cl)
+		}
+		if s := cl.sentAt.Load(); s != 0 && (oldest == 0 || s < oldest) {
+			oldest = s
+		}
+	}
+	if cfg.MaxAge > 0 && c.draining < 0 && now-c.born > int64(cfg.MaxAge) {
+		c.setDrainingLocked(CloseMaxAge)
+	}
+	// Stalled: the oldest outstanding query is older than the stall timeout and not
+	// a single frame was read since it was written. A slow answer on a connection
+	// that is still answering others is not a stall.
+	stalled := oldest != 0 && now-oldest > int64(cfg.StallTimeout) && c.lastRead.Load() < oldest
+	idle := len(c.calls) == 0 && now-c.lastUsed.Load() > int64(c.idle)
+	drain := c.drainedLocked()
+	c.mu.Unlock()
+
+	for _, cl := range expired {
+		cl.resp <- result{err: ErrTimeout}
+		c.pool.obs.TimedOut()
+	}
+	switch {
+	case stalled:
+		c.closeFor(ErrStalled, CloseStall)
+	case drain >= 0:
+		c.closeFor(errDrained, drain)
+	case idle:
+		c.closeFor(errIdle, CloseIdle)
+	}
+	if len(expired) > 0 {
+		c.pool.slotFreed()
+	}
+}
+
+var errIdle = errors.New("connection idle")
+
+func (c *conn) setDrainingLocked(r CloseReason) {
+	c.draining = r
+	c.unusable.Store(true)
+}
+
+// drainedLocked returns the drain reason if the connection is draining and empty,
+// or -1.
+func (c *conn) drainedLocked() CloseReason {
+	if c.draining >= 0 && len(c.calls) == 0 && !c.closed {
+		return c.draining
+	}
+	return -1
+}
+
+// keepalive applies the server's RFC 7828 timeout (units of 100ms): close idle
+// connections well before the server would, and drain on a timeout of 0.
+func (c *conn) keepalive(units int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if units == 0 {
+		if c.draining < 0 {
+			c.setDrainingLocked(CloseDrain)
+		}
+		return
+	}
+	if t := time.Duration(units) * 100 * time.Millisecond * 3 / 4; t < c.idle {
+		c.idle = t
+	}
+}
+
+// closeFor closes the connection once, for cause. Live calls complete with an error
+// telling the caller whether the query was written (and so may be replayed) or not
+// (and so moves elsewhere at no cost). It never blocks on the peer.
+func (c *conn) closeFor(cause error, reason CloseReason) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.unusable.Store(true)
+	live := make([]*call, 0, len(c.calls))
+	for _, cl := range c.calls {
+		if cl.tombUntil == 0 {
+			live = append(live, cl)
+		}
+	}
+	clear(c.calls)
+	c.tombs = 0
+	c.load.Store(0)
+	proven := c.answered > 0
+	c.mu.Unlock()
+
+	close(c.done)
+	// Wake the reader, which closes the socket on its way out.
+	c.tc.SetReadDeadline(time.Unix(1, 0))
+	lost := &connLostError{cause: cause, replayable: proven}
+	for _, cl := range live {
+		if cl.state.CompareAndSwap(callQueued, callAbandoned) {
+			cl.resp <- result{err: errUnsent}
+		} else {
+			cl.resp <- result{err: lost}
+		}
+	}
+	c.pool.connClosed(c, reason, proven)
+}
+
+// closeSocket closes the TLS connection. tls.Conn.Close sends close_notify and may
+// block for seconds on a peer that does not read, so the raw socket is closed after
+// a short grace.
+func (c *conn) closeSocket() {
+	t := time.AfterFunc(closeGrace, func() { c.tc.NetConn().Close() })
+	c.tc.Close()
+	t.Stop()
+}
+
+const closeGrace = 250 * time.Millisecond
+
+// connLostError is returned for a written query whose connection died.
+type connLostError struct {
+	cause      error
+	replayable bool // the connection had answered before: a replay has a chance
+}
+
+func (e *connLostError) Error() string   { return fmt.Sprintf("%v: %v", ErrConnLost, e.cause) }
+func (e *connLostError) Unwrap() []error { return []error{ErrConnLost, e.cause} }
+
+// isTimeout reports whether err is a network timeout (as opposed to a reset).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+func nanotime() int64 { return time.Now().UnixNano() }

@@ -1,0 +1,344 @@
+package dottest
+
+import (
+	"bufio"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Options script a Server's behaviour. The zero value answers every query at once,
+// concurrently (so answers may leave out of order), with an A record.
+type Options struct {
+	// Handler builds the answer to a query. Default: NOERROR with A 192.0.2.1 for
+	// A queries, an empty NOERROR answer otherwise.
+	Handler func(q *dns.Msg) *dns.Msg
+	// InOrder answers strictly one query at a time in arrival order, as miekg/dns
+	// (and so CoreDNS's tls:// server) does.
+	InOrder bool
+	// Delay holds the answer to matching questions back for the returned duration.
+	Delay func(q dns.Question) time.Duration
+	// Drop never answers matching questions.
+	Drop func(q dns.Question) bool
+	// CloseAfter closes each connection right after its Nth answer, whatever is
+	// still pending on it. 0: never.
+	CloseAfter int
+	// SilentAfter stops answering on each connection after its Nth answer, keeping
+	// the connection open (a black hole). 0: never.
+	SilentAfter int
+	// CloseAfterHandshake completes the TLS handshake, then closes.
+	CloseAfterHandshake bool
+	// Mutate changes an answer before it is packed (wrong ID, wrong question...).
+	Mutate func(q, r *dns.Msg)
+	// Raw, if set, replaces the answer with the returned raw messages (each framed
+	// with its own length prefix): garbage, truncated or duplicate answers.
+	Raw func(q *dns.Msg, answer []byte) [][]byte
+	// OnQuery observes every query as received (without the length prefix).
+	OnQuery func(wire []byte)
+	// Cert is the server's certificate. Default: NewCert() for 127.0.0.1 and ServerName.
+	Cert *Cert
+	// TLS adjusts the server's TLS configuration.
+	TLS func(*tls.Config)
+	// Addr is the listen address. Default "127.0.0.1:0".
+	Addr string
+}
+
+// Server is a scriptable DoT server on 127.0.0.1.
+type Server struct {
+	Addr       string // host:port it listens on
+	ServerName string // the name its certificate is valid for
+	Cert       *Cert
+
+	opts Options
+	tls  *tls.Config
+	ln   net.Listener
+
+	queries, answers, handshakes, resumed, conns, maxOutstanding atomic.Int64
+
+	mu     sync.Mutex
+	open   map[net.Conn]struct{} // guarded by mu
+	closed bool                  // guarded by mu
+	wg     sync.WaitGroup
+}
+
+// Start starts a server for a test and closes it when the test ends.
+func Start(t testing.TB, opts Options) *Server {
+	t.Helper()
+	s, err := New(opts)
+	if err != nil {
+		t.Fatalf("Starting DoT test server: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// New starts a server; the caller must Close it.
+func New(opts Options) (*Server, error) {
+	if opts.Cert == nil {
+		c, err := NewCert()
+		if err != nil {
+			return nil, err
+		}
+		opts.Cert = c
+	}
+	if opts.Addr == "" {
+		opts.Addr = "127.0.0.1:0"
+	}
+	cfg := opts.Cert.ServerTLS()
+	cfg.NextProtos = []string{"dot"}
+	if opts.TLS != nil {
+		opts.TLS(cfg)
+	}
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		Addr: ln.Addr().String(), ServerName: ServerName, Cert: opts.Cert,
+		opts: opts, tls: cfg, ln: ln, open: map[net.Conn]struct{}{},
+	}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// ClientTLS returns a client configuration that trusts this server.
+func (s *Server) ClientTLS() *tls.Config { return s.Cert.ClientTLS(s.ServerName) }
+
+// Queries returns how many queries the server received.
+func (s *Server) Queries() int64 { return s.queries.Load() }
+
+// Answers returns how many answers the server wrote.
+func (s *Server) Answers() int64 { return s.answers.Load() }
+
+// Handshakes returns how many TLS handshakes completed.
+func (s *Server) Handshakes() int64 { return s.handshakes.Load() }
+
+// Resumed returns how many completed handshakes resumed a session.
+func (s *Server) Resumed() int64 { return s.resumed.Load() }
+
+// Conns returns how many connections are open now.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.open)
+}
+
+// MaxOutstanding returns the most queries ever received but not yet answered or
+// dropped on one connection.
+func (s *Server) MaxOutstanding() int64 { return s.maxOutstanding.Load() }
+
+// Close stops the server and closes every connection.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	for c := range s.open {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.ln.Close()
+	s.wg.Wait()
+}
+
+// CloseConns closes every open connection but keeps listening.
+func (s *Server) CloseConns() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.open {
+		c.Close()
+	}
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		raw, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			raw.Close()
+			return
+		}
+		s.open[raw] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serve(raw)
+	}
+}
+
+// serverConn is the state of one accepted connection.
+type serverConn struct {
+	s           *Server
+	tc          *tls.Conn
+	wmu         sync.Mutex // serialises answers
+	answered    int        // guarded by wmu
+	closed      bool       // guarded by wmu
+	outstanding atomic.Int64
+	pending     sync.WaitGroup
+}
+
+func (s *Server) serve(raw net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.open, raw)
+		s.mu.Unlock()
+		raw.Close()
+	}()
+	tc := tls.Server(raw, s.tls)
+	if err := tc.Handshake(); err != nil {
+		return
+	}
+	s.handshakes.Add(1)
+	if tc.ConnectionState().DidResume {
+		s.resumed.Add(1)
+	}
+	if s.opts.CloseAfterHandshake {
+		return
+	}
+	sc := &serverConn{s: s, tc: tc}
+	defer sc.pending.Wait()
+	sc.readLoop()
+}
+
+func (sc *serverConn) readLoop() {
+	br := bufio.NewReader(sc.tc)
+	var hdr [2]byte
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return
+		}
+		wire := make([]byte, binary.BigEndian.Uint16(hdr[:]))
+		if _, err := io.ReadFull(br, wire); err != nil {
+			return
+		}
+		sc.s.queries.Add(1)
+		if f := sc.s.opts.OnQuery; f != nil {
+			f(wire)
+		}
+		q := new(dns.Msg)
+		if err := q.Unpack(wire); err != nil || len(q.Question) != 1 {
+			continue
+		}
+		sc.noteOutstanding(1)
+		if sc.s.opts.InOrder {
+			sc.answer(q)
+			continue
+		}
+		sc.pending.Add(1)
+		go func() {
+			defer sc.pending.Done()
+			sc.answer(q)
+		}()
+	}
+}
+
+func (sc *serverConn) noteOutstanding(d int64) {
+	n := sc.outstanding.Add(d)
+	for {
+		m := sc.s.maxOutstanding.Load()
+		if n <= m || sc.s.maxOutstanding.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+// answer builds, delays and writes the answer to q as scripted.
+func (sc *serverConn) answer(q *dns.Msg) {
+	defer sc.noteOutstanding(-1)
+	o := &sc.s.opts
+	if o.Drop != nil && o.Drop(q.Question[0]) {
+		return
+	}
+	if o.Delay != nil {
+		if d := o.Delay(q.Question[0]); d > 0 {
+			time.Sleep(d) // simulates a slow upstream; not a test waiting on a condition
+		}
+	}
+	frames, err := sc.build(q)
+	if err != nil {
+		return
+	}
+	sc.write(frames)
+}
+
+func (sc *serverConn) build(q *dns.Msg) ([][]byte, error) {
+	o := &sc.s.opts
+	var r *dns.Msg
+	if o.Handler != nil {
+		r = o.Handler(q)
+	} else {
+		r = DefaultAnswer(q)
+	}
+	if r == nil {
+		return nil, errors.New("no answer")
+	}
+	if o.Mutate != nil {
+		o.Mutate(q, r)
+	}
+	wire, err := r.Pack()
+	if err != nil {
+		return nil, err
+	}
+	if o.Raw != nil {
+		return o.Raw(q, wire), nil
+	}
+	return [][]byte{wire}, nil
+}
+
+func (sc *serverConn) write(frames [][]byte) {
+	o := &sc.s.opts
+	sc.wmu.Lock()
+	defer sc.wmu.Unlock()
+	if sc.closed || (o.SilentAfter > 0 && sc.answered >= o.SilentAfter) {
+		return
+	}
+	var buf []byte
+	for _, f := range frames {
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(f)))
+		buf = append(buf, f...)
+	}
+	if _, err := sc.tc.Write(buf); err != nil {
+		sc.closed = true
+		return
+	}
+	sc.answered++
+	sc.s.answers.Add(1)
+	if o.CloseAfter > 0 && sc.answered >= o.CloseAfter {
+		sc.closed = true
+		sc.tc.Close()
+	}
+}
+
+// DefaultAnswer answers A queries with 192.0.2.1 and anything else with an empty
+// NOERROR answer, echoing the question and the query's EDNS0 buffer size.
+func DefaultAnswer(q *dns.Msg) *dns.Msg {
+	r := new(dns.Msg)
+	r.SetReply(q)
+	qq := q.Question[0]
+	if qq.Qtype == dns.TypeA {
+		r.Answer = append(r.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: qq.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+			A:   net.IPv4(192, 0, 2, 1),
+		})
+	}
+	if o := q.IsEdns0(); o != nil {
+		r.SetEdns0(o.UDPSize(), o.Do())
+	}
+	return r
+}

@@ -1,0 +1,314 @@
+package dot
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/miekg/dns"
+)
+
+// query is one client query prepared for the upstream. It is packed once and shared,
+// read-only, by every attempt on every connection: each write puts its own length
+// and connection-local ID in front of wire[4:], so wire is never mutated after
+// prepare and a replay can reuse it while another writer still reads it.
+type query struct {
+	wire      []byte // 2-byte length prefix, then the DNS message
+	question  []byte // the packed question section, a sub-slice of wire
+	name      string // the client's QNAME, to give the answer back in the client's case
+	origID    uint16
+	opcode    int
+	clientOPT bool // the client sent an OPT RR; if not, the answer's OPT is removed
+}
+
+// Hop-by-hop EDNS options (RFC 7828, RFC 7830): they describe this TLS connection,
+// not the client's, so the client's are not forwarded and the upstream's are not
+// passed back.
+func hopByHop(code uint16) bool {
+	return code == dns.EDNS0TCPKEEPALIVE || code == dns.EDNS0PADDING
+}
+
+// prepareQuery packs m for the upstream: the client's OPT without hop-by-hop options,
+// plus our keepalive and padding options. m itself is not modified.
+func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
+	if len(m.Question) != 1 {
+		return nil, fmt.Errorf("%w: %d questions", ErrBadQuery, len(m.Question))
+	}
+	if t := m.Question[0].Qtype; t == dns.TypeAXFR || t == dns.TypeIXFR {
+		return nil, fmt.Errorf("%w: zone transfer", ErrBadQuery)
+	}
+	q := &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
+	out := *m // shallow copy: only Extra is replaced
+	pad := 0
+	if m.IsTsig() == nil {
+		// A TSIG MAC covers the additional section, so a signed query is forwarded as
+		// it is (TSIG's original ID field makes the ID rewrite safe).
+		out.Extra, q.clientOPT = upstreamExtra(m.Extra, padBlock > 0, keepalive)
+		if padBlock > 0 {
+			pad = padBlock
+		}
+	} else {
+		q.clientOPT = m.IsEdns0() != nil
+	}
+	buf := make([]byte, 2+256)
+	msg, err := out.PackBuffer(buf[2:])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
+	}
+	if &msg[0] != &buf[2] { // did not fit: re-home behind a length prefix
+		buf = make([]byte, 2+len(msg), 2+len(msg)+pad)
+		copy(buf[2:], msg)
+	}
+	wire := buf[:2+len(msg)]
+	if pad > 0 {
+		if wire, err = padWire(wire, pad); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
+		}
+	}
+	binary.BigEndian.PutUint16(wire, uint16(len(wire)-2))
+	qlen, err := nameLen(wire[2:], 12)
+	if err != nil || 2+12+qlen+4 > len(wire) {
+		return nil, fmt.Errorf("%w: bad question", ErrBadQuery)
+	}
+	q.wire = wire
+	q.question = wire[2+12 : 2+12+qlen+4]
+	return q, nil
+}
+
+// upstreamExtra returns the additional section to send upstream: the client's OPT
+// (if any) copied without hop-by-hop options, plus a keepalive option and an empty
+// padding option (sized later by padWire) as the very last option of the last RR.
+func upstreamExtra(extra []dns.RR, pad, keepalive bool) ([]dns.RR, bool) {
+	var client *dns.OPT
+	out := make([]dns.RR, 0, len(extra)+1)
+	for _, rr := range extra {
+		if o, ok := rr.(*dns.OPT); ok {
+			client = o
+			continue
+		}
+		out = append(out, rr)
+	}
+	if client == nil && !pad && !keepalive {
+		return out, false
+	}
+	opt := &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT, Class: 1232}}
+	if client != nil {
+		opt.Hdr.Class, opt.Hdr.Ttl = client.Hdr.Class, client.Hdr.Ttl
+		opt.Option = make([]dns.EDNS0, 0, len(client.Option)+2)
+		for _, o := range client.Option {
+			if !hopByHop(o.Option()) {
+				opt.Option = append(opt.Option, o)
+			}
+		}
+	}
+	if keepalive {
+		opt.Option = append(opt.Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE})
+	}
+	if pad {
+		opt.Option = append(opt.Option, &dns.EDNS0_PADDING{})
+	}
+	return append(out, opt), client != nil
+}
+
+// padWire grows the empty padding option that ends wire (a length-prefixed message
+// whose last RR is the OPT built by upstreamExtra) so the message length becomes a
+// multiple of block (RFC 8467 block-length padding).
+func padWire(wire []byte, block int) ([]byte, error) {
+	msg := wire[2:]
+	rdlenAt, err := lastRRDataLenOffset(msg)
+	if err != nil {
+		return nil, err
+	}
+	n := len(msg)
+	if n < 4 || binary.BigEndian.Uint16(msg[n-4:]) != dns.EDNS0PADDING {
+		return nil, fmt.Errorf("padding option is not last")
+	}
+	pad := (block - n%block) % block
+	if n+pad > dns.MaxMsgSize {
+		pad = 0
+	}
+	binary.BigEndian.PutUint16(msg[n-2:], uint16(pad))
+	rdlen := binary.BigEndian.Uint16(msg[rdlenAt:])
+	binary.BigEndian.PutUint16(msg[rdlenAt:], rdlen+uint16(pad))
+	for range pad {
+		wire = append(wire, 0)
+	}
+	return wire, nil
+}
+
+// nameLen returns the length of the (possibly compressed) name at msg[off:].
+func nameLen(msg []byte, off int) (int, error) {
+	start := off
+	for off < len(msg) {
+		c := int(msg[off])
+		switch {
+		case c == 0:
+			return off + 1 - start, nil
+		case c&0xC0 == 0xC0: // compression pointer ends the name
+			if off+2 > len(msg) {
+				return 0, errTruncatedMsg
+			}
+			return off + 2 - start, nil
+		case c&0xC0 != 0:
+			return 0, errBadLabel
+		}
+		off += 1 + c
+	}
+	return 0, errTruncatedMsg
+}
+
+// walkRRs calls fn for every resource record after msg's question section with its
+// type, the offset of its RDLENGTH field and its rdata. It fails on a malformed or
+// trailing-garbage message.
+func walkRRs(msg []byte, fn func(rrtype uint16, rdlenAt int, rdata []byte)) error {
+	if len(msg) < 12 {
+		return errTruncatedMsg
+	}
+	off := 12
+	for range binary.BigEndian.Uint16(msg[4:]) {
+		n, err := nameLen(msg, off)
+		if err != nil {
+			return err
+		}
+		off += n + 4
+	}
+	rrs := int(binary.BigEndian.Uint16(msg[6:])) + int(binary.BigEndian.Uint16(msg[8:])) + int(binary.BigEndian.Uint16(msg[10:]))
+	for range rrs {
+		n, err := nameLen(msg, off)
+		if err != nil {
+			return err
+		}
+		off += n
+		if off+10 > len(msg) {
+			return errTruncatedMsg
+		}
+		rrtype := binary.BigEndian.Uint16(msg[off:])
+		rdlenAt := off + 8
+		end := rdlenAt + 2 + int(binary.BigEndian.Uint16(msg[rdlenAt:]))
+		if end > len(msg) {
+			return errTruncatedMsg
+		}
+		fn(rrtype, rdlenAt, msg[rdlenAt+2:end])
+		off = end
+	}
+	if off != len(msg) {
+		return errTruncatedMsg
+	}
+	return nil
+}
+
+// lastRRDataLenOffset returns the offset of the RDLENGTH field of msg's last RR.
+func lastRRDataLenOffset(msg []byte) (int, error) {
+	last := -1
+	err := walkRRs(msg, func(_ uint16, rdlenAt int, _ []byte) { last = rdlenAt })
+	if err == nil && last < 0 {
+		err = errTruncatedMsg
+	}
+	return last, err
+}
+
+// keepaliveTimeoutZero reports whether msg's OPT carries an edns-tcp-keepalive
+// option with an explicit timeout of 0 (RFC 7828 §3.3.2: the server asks the client
+// to close). miekg/dns unpacks an empty option and a zero timeout alike.
+func keepaliveTimeoutZero(msg []byte) bool {
+	zero := false
+	walkRRs(msg, func(rrtype uint16, _ int, rdata []byte) {
+		if rrtype != dns.TypeOPT {
+			return
+		}
+		for len(rdata) >= 4 {
+			code, n := binary.BigEndian.Uint16(rdata), int(binary.BigEndian.Uint16(rdata[2:]))
+			if 4+n > len(rdata) {
+				return
+			}
+			if code == dns.EDNS0TCPKEEPALIVE && n == 2 && rdata[4] == 0 && rdata[5] == 0 {
+				zero = true
+			}
+			rdata = rdata[4+n:]
+		}
+	})
+	return zero
+}
+
+var (
+	errTruncatedMsg = fmt.Errorf("message truncated")
+	errBadLabel     = fmt.Errorf("bad label type")
+)
+
+// answers reports whether resp (a DNS message without length prefix) is a response
+// carrying exactly the question q asked: QR set, one question, the same name
+// compared case-insensitively, the same type and class. It works on the wire, so the
+// reader can drop mismatches without unpacking (RFC 7766 §7).
+func answers(resp, question []byte) bool {
+	if len(resp) < 12+len(question) || resp[2]&0x80 == 0 || binary.BigEndian.Uint16(resp[4:]) != 1 {
+		return false
+	}
+	got := resp[12 : 12+len(question)]
+	for i, b := range question {
+		if c := got[i]; c != b && lower(c) != lower(b) {
+			return false
+		}
+	}
+	// Case folding must not make a label length equal a letter: lengths are < 64 and
+	// letters are >= 65, so the names' label structure is compared exactly. Type and
+	// class are the last 4 bytes and are not letters either in a valid question, but
+	// compare them exactly anyway.
+	n := len(question)
+	return got[n-4] == question[n-4] && got[n-3] == question[n-3] && got[n-2] == question[n-2] && got[n-1] == question[n-1]
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// finishAnswer unpacks an upstream answer for the caller: the caller's ID and
+// question case, hop-by-hop options removed. It also returns the server's RFC 7828
+// keepalive timeout in units of 100ms, or -1 if the answer carried none.
+func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
+	r := new(dns.Msg)
+	if err := r.Unpack(frame); err != nil {
+		return nil, -1, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if len(r.Question) != 1 {
+		return nil, -1, fmt.Errorf("%w: %d questions", ErrMalformed, len(r.Question))
+	}
+	r.Id = q.origID
+	r.Question[0].Name = q.name
+	keepalive := -1
+	for i := len(r.Extra) - 1; i >= 0; i-- {
+		opt, ok := r.Extra[i].(*dns.OPT)
+		if !ok {
+			continue
+		}
+		keepalive = stripHopByHop(opt)
+		if keepalive == 0 && !keepaliveTimeoutZero(frame) {
+			keepalive = -1 // an empty option is no timeout at all
+		}
+		if !q.clientOPT {
+			r.Extra = append(r.Extra[:i], r.Extra[i+1:]...)
+			r.Rcode &= 0xF // extended rcode bits cannot be expressed without OPT
+		}
+		break
+	}
+	return r, keepalive, nil
+}
+
+// stripHopByHop removes keepalive and padding options from opt and returns the
+// keepalive timeout it carried (units of 100ms), or -1.
+func stripHopByHop(opt *dns.OPT) int {
+	keepalive := -1
+	kept := opt.Option[:0]
+	for _, o := range opt.Option {
+		if ka, ok := o.(*dns.EDNS0_TCP_KEEPALIVE); ok {
+			keepalive = int(ka.Timeout)
+		}
+		if !hopByHop(o.Option()) {
+			kept = append(kept, o)
+		}
+	}
+	clear(opt.Option[len(kept):])
+	opt.Option = kept
+	return keepalive
+}

@@ -1,0 +1,397 @@
+// Package dot exchanges DNS messages with one DNS-over-TLS upstream (RFC 7858) over a
+// small pool of long-lived, pipelined TLS connections.
+//
+// Each connection carries up to MaxInflight queries at once; answers may come back
+// in any order and are matched by a connection-local message ID and the question.
+// A query whose connection dies before it was written moves to another connection;
+// one that was written is replayed once (RFC 7766 §6.2.4). The package knows nothing
+// of CoreDNS: it takes and returns *dns.Msg.
+package dot
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Pool is a set of pipelined TLS connections to one upstream. It is safe for
+// concurrent use.
+type Pool struct {
+	cfg Config
+	tls *tls.Config
+	obs Observer
+
+	conns   atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
+
+	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // connection goroutines, dials and the sweeper
+
+	mu      sync.Mutex
+	dialc   chan struct{} // guarded by mu: non-nil while the single dial is in flight
+	wake    chan struct{} // guarded by mu: closed and replaced when a slot or a connection may be free
+	fails   int           // guarded by mu: consecutive failures since the last answer on a new connection
+	retryAt time.Time     // guarded by mu: no dial before this (backoff)
+	lastErr error         // guarded by mu: the last dial or connection failure
+	closed  bool          // guarded by mu
+}
+
+// Stats is a snapshot of a pool's state.
+type Stats struct {
+	Conns    int // open connections
+	Inflight int // queries outstanding (tombstones included)
+	Fails    int // consecutive failures; 0 once a new connection answered
+}
+
+// New returns a pool for the upstream described by cfg. It dials lazily: the first
+// Exchange opens the first connection.
+func New(cfg Config) (*Pool, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool{cfg: cfg, tls: clientTLS(cfg), obs: cfg.Observer, wake: make(chan struct{})}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.conns.Store(&[]*conn{})
+	p.wg.Add(1)
+	go p.sweepLoop()
+	return p, nil
+}
+
+// Addr returns the upstream's address.
+func (p *Pool) Addr() string { return p.cfg.Addr }
+
+// Exchange sends m upstream and returns the answer with m's ID and question case.
+// m is not modified. The attempt is bounded by ReadTimeout and by ctx.
+func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	q, err := prepareQuery(m, p.cfg.PadBlock, !p.cfg.NoKeepalive)
+	if err != nil {
+		return nil, err
+	}
+	replayed := false
+	for moves := 0; ; {
+		cl := p.newCall(ctx, q)
+		c, err := p.acquire(ctx, cl)
+		if err != nil {
+			return nil, err
+		}
+		res, ok := c.await(ctx.Done(), cl)
+		if !ok {
+			return nil, ctx.Err()
+		}
+		if res.err == nil {
+			return p.finish(c, q, res.frame)
+		}
+		switch {
+		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
+			moves++ // never written: another connection, at no cost
+		case !replayed && p.replayable(ctx, q, res.err):
+			replayed = true
+			p.obs.Replayed()
+		case errors.Is(res.err, errUnsent):
+			return nil, fmt.Errorf("%w: %w", ErrConnLost, res.err)
+		default:
+			return nil, res.err
+		}
+	}
+}
+
+func (p *Pool) finish(c *conn, q *query, frame []byte) (*dns.Msg, error) {
+	r, keepalive, err := finishAnswer(q, frame)
+	if err != nil {
+		p.obs.Dropped(DropMalformed)
+		return nil, err
+	}
+	if keepalive >= 0 {
+		c.keepalive(keepalive)
+	}
+	return r, nil
+}
+
+// replayable reports whether a query whose written attempt failed may be sent again:
+// only a plain QUERY (idempotent), only if its connection had answered before (a
+// connection that never answered tells nothing good about the next one), and only if
+// the caller still has time.
+func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
+	var lost *connLostError
+	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil
+}
+
+func (p *Pool) newCall(ctx context.Context, q *query) *call {
+	deadline := time.Now().Add(p.cfg.ReadTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return &call{q: q, deadline: deadline.UnixNano(), resp: make(chan result, 1)}
+}
+
+// acquire registers cl on the least-loaded usable connection, dialing one when all
+// are busy and the pool has room, and waiting (bounded by ctx and cl's deadline)
+// when every connection is full.
+func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	if c := p.pick(cl); c != nil {
+		return c, nil
+	}
+	// Count ourselves as a waiter before taking the wake channel, and pick again
+	// after: a slot freed in between is then either seen by pick or wakes us.
+	p.waiters.Add(1)
+	defer p.waiters.Add(-1)
+	for {
+		wake, err := p.needConn()
+		if err != nil {
+			return nil, err
+		}
+		if c := p.pick(cl); c != nil {
+			return c, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(time.Until(time.Unix(0, cl.deadline)))
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+			return nil, fmt.Errorf("%w: no free connection", ErrTimeout)
+		}
+	}
+}
+
+// pick registers cl on the usable connection with the lowest load (ties go to the
+// oldest) and starts a dial when that load passes the high-water mark.
+func (p *Pool) pick(cl *call) *conn {
+	for range 3 { // a lost race for the last slot is retried on a fresh snapshot
+		conns := *p.conns.Load()
+		var best *conn
+		bestLoad := int32(p.cfg.MaxInflight)
+		for _, c := range conns {
+			if l := c.load.Load(); l < bestLoad && !c.unusable.Load() {
+				best, bestLoad = c, l
+			}
+		}
+		if best == nil {
+			return nil
+		}
+		if best.register(cl) {
+			if bestLoad+1 >= int32(p.cfg.MaxInflight/2) && len(conns) < p.cfg.MaxConns && !p.dialing.Load() {
+				p.mu.Lock()
+				p.startDialLocked()
+				p.mu.Unlock()
+			}
+			return best
+		}
+	}
+	return nil
+}
+
+// needConn is acquire's slow path: it starts a dial if allowed and returns the
+// channel that is closed when the pool's capacity may have changed. While the
+// upstream is in backoff and has no usable connection, it fails at once so the
+// caller can try another upstream.
+func (p *Pool) needConn() (<-chan struct{}, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrPoolClosed
+	}
+	p.startDialLocked()
+	if p.dialc == nil && !p.hasUsableLocked() && time.Now().Before(p.retryAt) {
+		if p.lastErr != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.lastErr)
+		}
+		return nil, ErrUnavailable
+	}
+	return p.wake, nil
+}
+
+func (p *Pool) hasUsableLocked() bool {
+	for _, c := range *p.conns.Load() {
+		if !c.unusable.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// startDialLocked starts the single shared dial if none is running, the pool has
+// room and backoff allows it. It reports whether a dial was started.
+func (p *Pool) startDialLocked() bool {
+	if p.closed || p.dialc != nil || len(*p.conns.Load()) >= p.cfg.MaxConns || time.Now().Before(p.retryAt) {
+		return false
+	}
+	p.dialc = make(chan struct{})
+	p.dialing.Store(true)
+	p.wg.Add(1)
+	go p.dial()
+	return true
+}
+
+// dial opens one connection with the pool's context (so that no single caller's
+// cancellation can abort a dial others wait for) and adds it to the pool.
+func (p *Pool) dial() {
+	defer p.wg.Done()
+	start := time.Now()
+	tc, err := p.handshake()
+	resumed := err == nil && tc.ConnectionState().DidResume
+	p.obs.Dialed(time.Since(start), resumed, err)
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(p.dialc)
+	p.dialc = nil
+	p.dialing.Store(false)
+	p.wakeLocked()
+	if err != nil {
+		p.failedLocked(fmt.Errorf("%w: %w", ErrDial, err))
+		return
+	}
+	if p.closed {
+		tc.NetConn().Close()
+		return
+	}
+	c := newConn(p, tc)
+	conns := *p.conns.Load()
+	next := append(conns[:len(conns):len(conns)], c)
+	p.conns.Store(&next)
+	p.wg.Add(2)
+	go c.readLoop()
+	go c.writeLoop()
+}
+
+func (p *Pool) handshake() (*tls.Conn, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+	defer cancel()
+	raw, err := p.cfg.Dial(ctx, "tcp", p.cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(raw, p.tls)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// failedLocked records a dial or connection failure and arms the backoff.
+func (p *Pool) failedLocked(err error) {
+	p.fails++
+	p.lastErr = err
+	p.retryAt = time.Now().Add(p.cfg.Backoff.Delay(p.fails))
+}
+
+// answered is called on the first answer of each connection: the upstream works, so
+// the backoff resets. A handshake alone does not reset it, so a server that accepts
+// TLS and then closes cannot cause a tight reconnect loop.
+func (p *Pool) answered() {
+	p.mu.Lock()
+	p.fails = 0
+	p.retryAt = time.Time{}
+	p.mu.Unlock()
+}
+
+// connClosed removes c from the pool. A connection that failed before its first
+// answer counts as a failure of the upstream.
+func (p *Pool) connClosed(c *conn, reason CloseReason, proven bool) {
+	p.mu.Lock()
+	conns := *p.conns.Load()
+	next := make([]*conn, 0, len(conns))
+	for _, o := range conns {
+		if o != c {
+			next = append(next, o)
+		}
+	}
+	p.conns.Store(&next)
+	if !proven && (reason == CloseServer || reason == CloseError || reason == CloseStall) {
+		p.failedLocked(fmt.Errorf("%w before first answer (%s)", ErrConnLost, reason))
+	}
+	p.wakeLocked()
+	p.mu.Unlock()
+	p.obs.Closed(reason)
+}
+
+// slotFreed wakes callers waiting for capacity, if there are any.
+func (p *Pool) slotFreed() {
+	if p.waiters.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.wakeLocked()
+	p.mu.Unlock()
+}
+
+func (p *Pool) wakeLocked() {
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// sweepLoop drives timeouts, tombstone expiry, stall, idle and drain checks for
+// every connection from one ticker.
+func (p *Pool) sweepLoop() {
+	defer p.wg.Done()
+	t := time.NewTicker(p.sweepInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case now := <-t.C:
+			for _, c := range *p.conns.Load() {
+				c.sweep(now.UnixNano())
+			}
+		}
+	}
+}
+
+// sweepInterval is the timer granularity: a twentieth of the shortest timeout,
+// between 5ms and 100ms.
+func (p *Pool) sweepInterval() time.Duration {
+	d := min(p.cfg.ReadTimeout, p.cfg.StallTimeout) / 20
+	return min(max(d, 5*time.Millisecond), 100*time.Millisecond)
+}
+
+// Stats returns a snapshot of the pool's state.
+func (p *Pool) Stats() Stats {
+	conns := *p.conns.Load()
+	s := Stats{Conns: len(conns)}
+	for _, c := range conns {
+		s.Inflight += int(c.load.Load())
+	}
+	p.mu.Lock()
+	s.Fails = p.fails
+	p.mu.Unlock()
+	return s
+}
+
+// Close closes every connection, fails every waiting caller with ErrPoolClosed and
+// returns once no goroutine of the pool is left. It never hangs on a dead peer.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.wakeLocked()
+	p.mu.Unlock()
+	p.cancel()
+	for _, c := range *p.conns.Load() {
+		c.closeFor(ErrPoolClosed, ClosePool)
+	}
+	p.wg.Wait()
+	return nil
+}
