@@ -23,13 +23,13 @@ type CloseReason int
 
 // Connection close reasons.
 const (
-	CloseIdle        CloseReason = iota // no queries for the idle timeout
-	CloseServer                         // the server closed it (EOF)
-	CloseError                          // a read, write or protocol error
-	CloseStall                          // nothing read for the stall timeout with queries outstanding
-	CloseMaxAge                         // drained after reaching MaxAge
-	CloseDrain                          // drained on the server's keepalive timeout 0 or too many tombstones
-	ClosePool                           // the pool was closed
+	CloseIdle   CloseReason = iota // no queries for the idle timeout
+	CloseServer                    // the server closed it (EOF)
+	CloseError                     // a read, write or protocol error
+	CloseStall                     // nothing read for the stall timeout with queries outstanding
+	CloseMaxAge                    // drained after reaching MaxAge
+	CloseDrain                     // drained on the server's keepalive timeout 0 or too many tombstones
+	ClosePool                      // the pool was closed
 	closeReasonCount
 )
 
