@@ -1,0 +1,224 @@
+package dotforward
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/coredns/coredns/plugin"
+
+	"github.com/dotforward/dotforward/dot"
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Metrics are labelled by upstream ("to", its IP:port) only: no per-name or
+// per-type labels, whose cardinality a resolver's clients control.
+var (
+	requestsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "requests_total",
+		Help:      "Counter of queries sent to each upstream, retries included.",
+	}, []string{"to"})
+	responsesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "responses_total",
+		Help:      "Counter of answers received from each upstream, by rcode.",
+	}, []string{"to", "rcode"})
+	requestDuration = promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace:                   plugin.Namespace,
+		Subsystem:                   "dotforward",
+		Name:                        "request_duration_seconds",
+		Buckets:                     plugin.TimeBuckets,
+		NativeHistogramBucketFactor: plugin.NativeHistogramBucketFactor,
+		Help:                        "Histogram of the time each exchange with an upstream took, failed ones included.",
+	}, []string{"to"})
+	inflight = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "inflight",
+		Help:      "Gauge of queries waiting for an answer from each upstream.",
+	}, []string{"to"})
+	connsOpen = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "conns_open",
+		Help:      "Gauge of open TLS connections to each upstream.",
+	}, []string{"to"})
+	dialsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "dials_total",
+		Help:      "Counter of TCP+TLS connection attempts to each upstream, by result (ok, error).",
+	}, []string{"to", "result"})
+	handshakesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "handshakes_total",
+		Help:      "Counter of completed TLS handshakes with each upstream, by whether the session was resumed.",
+	}, []string{"to", "resumed"})
+	connClosesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "conn_closes_total",
+		Help:      "Counter of closed connections to each upstream, by reason.",
+	}, []string{"to", "reason"})
+	replaysTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "replays_total",
+		Help:      "Counter of unanswered queries re-sent on another connection after theirs died.",
+	}, []string{"to"})
+	timeoutsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "timeouts_total",
+		Help:      "Counter of attempts that got no answer within read_timeout.",
+	}, []string{"to"})
+	droppedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "dropped_total",
+		Help:      "Counter of upstream messages discarded, by reason.",
+	}, []string{"to", "reason"})
+	upstreamHealthy = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "upstream_healthy",
+		Help:      "Gauge of each upstream's health: 1 if queries are sent to it, 0 if it is down.",
+	}, []string{"to"})
+	healthcheckFailures = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "healthcheck_failures_total",
+		Help:      "Counter of failed health checks of each upstream.",
+	}, []string{"to"})
+	healthcheckBroken = promauto.NewCounter(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "healthcheck_broken_total",
+		Help:      "Counter of queries that found every upstream down.",
+	})
+	maxConcurrentRejects = promauto.NewCounter(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "max_concurrent_rejects_total",
+		Help:      "Counter of queries refused because max_concurrent queries were in flight.",
+	})
+)
+
+// observer feeds one upstream's metrics. It implements dot.Observer for the
+// pool's connection events and is called by upstream for each exchange. The
+// label values are bound once so the hot path does no label lookups, except
+// for the rcode and reason labels.
+type observer struct {
+	to            string
+	requests      prometheus.Counter
+	duration      prometheus.Observer
+	inflight      prometheus.Gauge
+	connsOpen     prometheus.Gauge
+	dialsOK       prometheus.Counter
+	dialsError    prometheus.Counter
+	handshakesNew prometheus.Counter
+	handshakesRes prometheus.Counter
+	replays       prometheus.Counter
+	timeouts      prometheus.Counter
+	healthy       prometheus.Gauge
+	hcFailures    prometheus.Counter
+	noError       prometheus.Counter // the common rcode, bound in advance
+}
+
+var _ dot.Observer = (*observer)(nil)
+
+func newObserver(to string) *observer {
+	return &observer{
+		to:            to,
+		requests:      requestsTotal.WithLabelValues(to),
+		duration:      requestDuration.WithLabelValues(to),
+		inflight:      inflight.WithLabelValues(to),
+		connsOpen:     connsOpen.WithLabelValues(to),
+		dialsOK:       dialsTotal.WithLabelValues(to, "ok"),
+		dialsError:    dialsTotal.WithLabelValues(to, "error"),
+		handshakesNew: handshakesTotal.WithLabelValues(to, "false"),
+		handshakesRes: handshakesTotal.WithLabelValues(to, "true"),
+		replays:       replaysTotal.WithLabelValues(to),
+		timeouts:      timeoutsTotal.WithLabelValues(to),
+		healthy:       upstreamHealthy.WithLabelValues(to),
+		hcFailures:    healthcheckFailures.WithLabelValues(to),
+		noError:       responsesTotal.WithLabelValues(to, rcodeLabel(dns.RcodeSuccess)),
+	}
+}
+
+// Dialed implements dot.Observer. A failed dial opened no connection, so only
+// successful ones count in conns_open (Closed takes them off again).
+func (o *observer) Dialed(_ time.Duration, resumed bool, err error) {
+	if err != nil {
+		o.dialsError.Inc()
+		return
+	}
+	o.dialsOK.Inc()
+	o.connsOpen.Inc()
+	if resumed {
+		o.handshakesRes.Inc()
+	} else {
+		o.handshakesNew.Inc()
+	}
+}
+
+// Closed implements dot.Observer.
+func (o *observer) Closed(reason dot.CloseReason) {
+	o.connsOpen.Dec()
+	connClosesTotal.WithLabelValues(o.to, reason.String()).Inc()
+}
+
+// Dropped implements dot.Observer.
+func (o *observer) Dropped(reason dot.DropReason) {
+	droppedTotal.WithLabelValues(o.to, reason.String()).Inc()
+}
+
+// Replayed implements dot.Observer.
+func (o *observer) Replayed() { o.replays.Inc() }
+
+// TimedOut implements dot.Observer.
+func (o *observer) TimedOut() { o.timeouts.Inc() }
+
+// begin counts a query sent to the upstream.
+func (o *observer) begin() {
+	o.requests.Inc()
+	o.inflight.Inc()
+}
+
+// end records an exchange's duration and, when an answer came, its rcode.
+func (o *observer) end(took time.Duration, ret *dns.Msg) {
+	o.inflight.Dec()
+	o.duration.Observe(took.Seconds())
+	switch {
+	case ret == nil:
+	case ret.Rcode == dns.RcodeSuccess:
+		o.noError.Inc()
+	default:
+		responsesTotal.WithLabelValues(o.to, rcodeLabel(ret.Rcode)).Inc()
+	}
+}
+
+func (o *observer) setHealthy(up bool) {
+	if up {
+		o.healthy.Set(1)
+	} else {
+		o.healthy.Set(0)
+	}
+}
+
+// HealthCheckFailed counts a failed health probe.
+func (o *observer) HealthCheckFailed() { o.hcFailures.Inc() }
+
+// rcodeLabel names an rcode as dns.RcodeToString does, with the number for
+// codes it does not know, so the label set stays bounded by the 12-bit space.
+func rcodeLabel(rc int) string {
+	if s, ok := dns.RcodeToString[rc]; ok {
+		return s
+	}
+	return strconv.Itoa(rc)
+}

@@ -1,0 +1,241 @@
+// Package dotforward is a CoreDNS plugin that forwards queries to upstream
+// resolvers over DNS-over-TLS (RFC 7858), through pipelined, health-checked
+// connection pools (package dot).
+package dotforward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/coredns/coredns/plugin"
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+	"github.com/coredns/coredns/request"
+
+	"github.com/dotforward/dotforward/dot"
+	"github.com/miekg/dns"
+)
+
+var log = clog.NewWithPlugin("dotforward")
+
+// DoTForward forwards the queries under one zone to a set of DoT upstreams.
+type DoTForward struct {
+	Next plugin.Handler
+
+	from          string
+	ignored       []string
+	upstreams     []*upstream
+	policy        Policy
+	timeout       time.Duration
+	maxAttempts   int // 0: bounded by timeout only
+	maxConcurrent int64
+	failover      map[int]bool
+	failfast      bool
+	hc            healthCheck
+
+	concurrent atomic.Int64
+	started    atomic.Bool
+}
+
+var _ plugin.Handler = (*DoTForward)(nil)
+
+func newDoTForward(from string, ups []*upstream, o *options) *DoTForward {
+	f := &DoTForward{
+		from:          from,
+		ignored:       o.ignored,
+		upstreams:     ups,
+		policy:        o.policy,
+		timeout:       o.timeout,
+		maxAttempts:   o.maxAttempts,
+		maxConcurrent: int64(o.maxConcurrent),
+		failover:      make(map[int]bool, len(o.failover)),
+		failfast:      o.failfast,
+		hc:            o.hc,
+	}
+	if f.maxAttempts < 0 {
+		f.maxAttempts = 2 * len(ups)
+	}
+	for _, rc := range o.failover {
+		f.failover[rc] = true
+	}
+	return f
+}
+
+// Name implements plugin.Handler.
+func (f *DoTForward) Name() string { return "dotforward" }
+
+// ServeDNS implements plugin.Handler.
+func (f *DoTForward) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg) (int, error) {
+	state := request.Request{W: w, Req: r}
+	if !f.match(state) {
+		return plugin.NextOrFailure(f.Name(), f.Next, ctx, w, r)
+	}
+	if err := checkQuery(r); err != nil {
+		return errorRcode(err), err
+	}
+	if !f.acquire() {
+		maxConcurrentRejects.Inc()
+		return dns.RcodeRefused, ErrLimitExceeded
+	}
+	defer f.release()
+
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	ret, err := f.forward(ctx, r)
+	if err != nil {
+		return errorRcode(err), plugin.Error(f.Name(), err)
+	}
+	if err := w.WriteMsg(ret); err != nil {
+		return dns.RcodeSuccess, plugin.Error(f.Name(), err)
+	}
+	return dns.RcodeSuccess, nil
+}
+
+// match reports whether the query is for this instance: under FROM and not under
+// an except zone (FROM itself is never excepted).
+func (f *DoTForward) match(state request.Request) bool {
+	name := state.Name()
+	if !plugin.Name(f.from).Matches(name) {
+		return false
+	}
+	if name == f.from {
+		return true
+	}
+	for _, ignore := range f.ignored {
+		if plugin.Name(ignore).Matches(name) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkQuery refuses what the pool cannot forward before any upstream is tried.
+func checkQuery(r *dns.Msg) error {
+	if len(r.Question) != 1 {
+		return fmt.Errorf("%w: %d questions", dot.ErrBadQuery, len(r.Question))
+	}
+	if t := r.Question[0].Qtype; t == dns.TypeAXFR || t == dns.TypeIXFR {
+		return ErrZoneTransfer
+	}
+	return nil
+}
+
+// errorRcode is the rcode the server answers with when forwarding failed.
+func errorRcode(err error) int {
+	switch {
+	case errors.Is(err, ErrZoneTransfer):
+		return dns.RcodeNotImplemented
+	case errors.Is(err, dot.ErrBadQuery):
+		return dns.RcodeFormatError
+	}
+	return dns.RcodeServerFailure
+}
+
+func (f *DoTForward) acquire() bool {
+	if f.maxConcurrent == 0 {
+		return true
+	}
+	if f.concurrent.Add(1) > f.maxConcurrent {
+		f.concurrent.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (f *DoTForward) release() {
+	if f.maxConcurrent != 0 {
+		f.concurrent.Add(-1)
+	}
+}
+
+// forward tries the upstreams in policy order until one answers with an rcode
+// not listed in failover, the attempts run out or ctx ends. Upstreams that fail
+// with a transient error (timeout, lost connection, failed dial) are tried again
+// on the next pass; ones that are unavailable or answered with a failover rcode
+// are not. If only failover answers came, the last one is returned.
+func (f *DoTForward) forward(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+	list, err := f.candidates()
+	if err != nil {
+		return nil, err
+	}
+	var last *dns.Msg
+	lastErr := ErrNoHealthy
+	for i, attempts := 0, 0; len(list) > 0 && (f.maxAttempts == 0 || attempts < f.maxAttempts); attempts++ {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (last error: %w)", ctx.Err(), lastErr)
+		}
+		i %= len(list)
+		u := list[i]
+		ret, err := u.exchange(ctx, r)
+		switch {
+		case err == nil && !f.failover[ret.Rcode]:
+			return ret, nil
+		case err == nil:
+			last = ret
+		case errors.Is(err, dot.ErrBadQuery):
+			return nil, err
+		default:
+			lastErr = fmt.Errorf("%s: %w", u.addr, err)
+			if retryable(err) {
+				i++
+				continue
+			}
+		}
+		list = append(list[:i], list[i+1:]...)
+	}
+	if last != nil {
+		return last, nil
+	}
+	return nil, lastErr
+}
+
+// retryable reports whether an upstream that failed with err may be tried again
+// for the same query.
+func retryable(err error) bool {
+	return !errors.Is(err, dot.ErrUnavailable) && !errors.Is(err, dot.ErrPoolClosed) && !errors.Is(err, ErrNotStarted)
+}
+
+// candidates returns the upstreams to try, in policy order, without the down
+// ones. When all are down it returns them all (each fails fast while its pool is
+// in backoff), or ErrNoHealthy with failfast_all_unhealthy_upstreams.
+func (f *DoTForward) candidates() ([]*upstream, error) {
+	ordered := f.policy.List(f.upstreams)
+	up := ordered[:0:0]
+	for _, u := range ordered {
+		if !u.Down() {
+			up = append(up, u)
+		}
+	}
+	if len(up) > 0 {
+		return up, nil
+	}
+	healthcheckBroken.Inc()
+	if f.failfast {
+		return nil, ErrNoHealthy
+	}
+	return ordered, nil
+}
+
+// OnStartup starts every upstream's pool.
+func (f *DoTForward) OnStartup() error {
+	for _, u := range f.upstreams {
+		if err := u.start(); err != nil {
+			_ = f.OnShutdown()
+			return plugin.Error(f.Name(), err)
+		}
+	}
+	f.started.Store(true)
+	return nil
+}
+
+// OnShutdown closes every upstream's pool.
+func (f *DoTForward) OnShutdown() error {
+	f.started.Store(false)
+	var errs []error
+	for _, u := range f.upstreams {
+		errs = append(errs, u.stop())
+	}
+	return errors.Join(errs...)
+}
