@@ -1,0 +1,54 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+)
+
+// upstreamKind starts one kind of real DoT server for a test.
+type upstreamKind struct {
+	name  string
+	start func(t testing.TB, c *certs) *dotServer
+}
+
+// upstreamKinds are the real DoT servers dotforward is proven against: unbound
+// and Knot Resolver answer out of order, CoreDNS's tls:// server strictly in
+// order, dnsdist is a DoT frontend proxying to a plain-DNS backend.
+var upstreamKinds = []upstreamKind{
+	{"unbound", func(t testing.TB, c *certs) *dotServer {
+		return startUnbound(t, c, unboundOpts{}).dotServer
+	}},
+	{"dnsdist", func(t testing.TB, c *certs) *dotServer {
+		return startDnsdist(t, c, startUnbound(t, c, unboundOpts{}).plain)
+	}},
+	{"kresd", func(t testing.TB, c *certs) *dotServer {
+		return startKresd(t, c, startUnbound(t, c, unboundOpts{}).plain)
+	}},
+	{"coredns", func(t testing.TB, c *certs) *dotServer {
+		return startCoreDNSUpstream(t, c).dotServer
+	}},
+}
+
+// Load through dotforward against each real server.
+const (
+	loadQueries = 2000
+	loadWorkers = 50
+	loadBudget  = 60 * time.Second
+)
+
+// TestServersUnderLoad proves that each real DoT server answers many concurrent
+// queries through dotforward, every one of them correctly (each name has its own
+// address, so a mismatched answer is caught).
+func TestServersUnderLoad(t *testing.T) {
+	for _, k := range upstreamKinds {
+		t.Run(k.name, func(t *testing.T) {
+			c := newCerts(t)
+			s := k.start(t, c)
+			f := startFront(t, c, frontOpts{Upstreams: []string{s.addr}})
+			res := runLoad("udp", f.addr, loadQueries, loadWorkers, loadBudget)
+			requireAllAnswered(t, k.name+" over UDP", res, loadQueries)
+			res = runLoad("tcp", f.addr, loadQueries/4, loadWorkers, loadBudget)
+			requireAllAnswered(t, k.name+" over TCP", res, loadQueries/4)
+		})
+	}
+}

@@ -1,0 +1,264 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// startTimeout bounds the wait for any server to answer its first query.
+const startTimeout = 30 * time.Second
+
+// render fills the template testdata/name with data and writes it to dir/out.
+func render(t testing.TB, name, dir, out string, data any) string {
+	t.Helper()
+	tmpl, err := template.ParseFiles(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatalf("Parse template %s: %v", name, err)
+	}
+	var b bytes.Buffer
+	if err := tmpl.Execute(&b, data); err != nil {
+		t.Fatalf("Render template %s: %v", name, err)
+	}
+	return writeFile(t, dir, out, b.String())
+}
+
+// dotServer is a DoT upstream started by a test.
+type dotServer struct {
+	name  string
+	addr  string // DoT "127.0.0.1:port"
+	certs *certs
+	p     *proc
+	start func(t testing.TB) *proc // (re)starts the process with the same config
+}
+
+// restart starts the server again on the same address after it was killed.
+func (s *dotServer) restart(t testing.TB) {
+	t.Helper()
+	s.p = s.start(t)
+	s.waitReady(t)
+}
+
+// kill stops the server by its PID.
+func (s *dotServer) kill() { s.p.kill() }
+
+// waitReady polls the server with a real DoT query for a.e2e.test.
+func (s *dotServer) waitReady(t testing.TB) {
+	t.Helper()
+	waitFor(t, s.name+" on "+s.addr, startTimeout, s.p, func() error {
+		r, err := dotExchange(s.certs, s.addr, newQuery(aName, dns.TypeA))
+		if err != nil {
+			return err
+		}
+		return checkAnswer(r, dns.TypeA, aAddr)
+	})
+}
+
+// unbound is an unbound serving DoT and plain DNS, with a control port for its
+// statistics.
+type unbound struct {
+	*dotServer
+	plain string // plain DNS "127.0.0.1:port"
+	conf  string
+}
+
+type unboundOpts struct {
+	// IdleTimeoutMS is tcp-idle-timeout: how long unbound keeps an idle DoT
+	// connection open. Default 30000.
+	IdleTimeoutMS int
+}
+
+func startUnbound(t testing.TB, c *certs, o unboundOpts) *unbound {
+	t.Helper()
+	bin := tool(t, "unbound")
+	tool(t, "unbound-control")
+	if o.IdleTimeoutMS == 0 {
+		o.IdleTimeoutMS = 30000
+	}
+	dir := t.TempDir()
+	tlsPort, plainPort := freePort(t), freePort(t)
+	conf := render(t, "unbound.conf.tmpl", dir, "unbound.conf", map[string]any{
+		"Dir": dir, "TLSPort": tlsPort, "PlainPort": plainPort, "ControlPort": freePort(t),
+		"Cert": c.Cert, "Key": c.Key, "IdleTimeoutMS": o.IdleTimeoutMS, "Records": zoneRecords(),
+	})
+	u := &unbound{plain: addr(plainPort), conf: conf}
+	u.dotServer = &dotServer{name: "unbound", addr: addr(tlsPort), certs: c}
+	u.start = func(t testing.TB) *proc {
+		return startProc(t, "unbound", nil, bin, "-d", "-c", conf)
+	}
+	u.p = u.start(t)
+	u.waitReady(t)
+	return u
+}
+
+// stats returns unbound's cumulative statistics (unbound-control stats_noreset).
+func (u *unbound) stats(t testing.TB) map[string]int64 {
+	t.Helper()
+	out, err := run(t, 10*time.Second, tool(t, "unbound-control"), "-c", u.conf, "stats_noreset")
+	if err != nil {
+		t.Fatalf("unbound-control stats_noreset: %v\n%s", err, out)
+	}
+	st := map[string]int64{}
+	for line := range strings.Lines(out) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseFloat(v, 64); err == nil {
+			st[k] = int64(n)
+		}
+	}
+	if _, ok := st["total.num.queries"]; !ok {
+		t.Fatalf("unbound-control stats_noreset has no total.num.queries:\n%s", out)
+	}
+	return st
+}
+
+// startDnsdist starts dnsdist with a DoT frontend in front of the plain-DNS
+// address backend.
+func startDnsdist(t testing.TB, c *certs, backend string) *dotServer {
+	t.Helper()
+	bin := tool(t, "dnsdist")
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := render(t, "dnsdist.conf.tmpl", dir, "dnsdist.conf", map[string]any{
+		"TLSPort": port, "Cert": c.Cert, "Key": c.Key, "Backend": backend,
+	})
+	s := &dotServer{name: "dnsdist", addr: addr(port), certs: c}
+	s.start = func(t testing.TB) *proc {
+		return startProc(t, "dnsdist", nil, bin, "--supervised", "--disable-syslog", "-C", conf)
+	}
+	s.p = s.start(t)
+	s.waitReady(t)
+	return s
+}
+
+// startKresd starts Knot Resolver with DoT, sending every query on to the
+// plain-DNS address stub.
+func startKresd(t testing.TB, c *certs, stub string) *dotServer {
+	t.Helper()
+	bin := tool(t, "kresd")
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := render(t, "kresd.conf.tmpl", dir, "kresd.conf", map[string]any{
+		"TLSPort": port, "Cert": c.Cert, "Key": c.Key, "Dir": dir,
+		"Stub": strings.Replace(stub, ":", "@", 1),
+	})
+	s := &dotServer{name: "kresd", addr: addr(port), certs: c}
+	s.start = func(t testing.TB) *proc {
+		return startProc(t, "kresd", nil, bin, "-n", "-c", conf, dir)
+	}
+	s.p = s.start(t)
+	s.waitReady(t)
+	return s
+}
+
+// corednsUpstream is CoreDNS's own tls:// server holding e2e.test, signed on the
+// fly by the dnssec plugin.
+type corednsUpstream struct {
+	*dotServer
+	metrics string // prometheus "127.0.0.1:port"
+}
+
+func startCoreDNSUpstream(t testing.TB, c *certs) *corednsUpstream {
+	t.Helper()
+	dir := t.TempDir()
+	port, mport := freePort(t), freePort(t)
+	zoneFile := writeFile(t, dir, "db.e2e.test", zoneFile())
+	conf := render(t, "upstream.Corefile.tmpl", dir, "Corefile", map[string]any{
+		"TLSPort": port, "MetricsPort": mport, "Cert": c.Cert, "Key": c.Key,
+		"KeyFile": writeDNSSECKey(t, dir), "ZoneFile": zoneFile,
+	})
+	u := &corednsUpstream{metrics: addr(mport)}
+	u.dotServer = &dotServer{name: "coredns-upstream", addr: addr(port), certs: c}
+	u.start = func(t testing.TB) *proc {
+		return startProc(t, "coredns-upstream", nil, corednsBinary(t), "-conf", conf)
+	}
+	u.p = u.start(t)
+	u.waitReady(t)
+	return u
+}
+
+// writeDNSSECKey writes a fresh ECDSA P-256 key-signing key for e2e.test in BIND's
+// K*.key / K*.private format and returns the file's base name, for the dnssec
+// plugin.
+func writeDNSSECKey(t testing.TB, dir string) string {
+	t.Helper()
+	k := &dns.DNSKEY{
+		Hdr:       dns.RR_Header{Name: zone, Rrtype: dns.TypeDNSKEY, Class: dns.ClassINET, Ttl: 300},
+		Flags:     257,
+		Protocol:  3,
+		Algorithm: dns.ECDSAP256SHA256,
+	}
+	priv, err := k.Generate(256)
+	if err != nil {
+		t.Fatalf("Generate DNSSEC key: %v", err)
+	}
+	base := filepath.Join(dir, fmt.Sprintf("K%s+%03d+%05d", zone, k.Algorithm, k.KeyTag()))
+	writeFile(t, dir, filepath.Base(base)+".key", k.String()+"\n")
+	writeFile(t, dir, filepath.Base(base)+".private", k.PrivateKeyString(priv.(crypto.PrivateKey)))
+	return base
+}
+
+// front is the CoreDNS under test, with dotforward forwarding to DoT upstreams.
+type front struct {
+	addr    string // UDP and TCP "127.0.0.1:port"
+	metrics string // prometheus "127.0.0.1:port", if enabled
+	p       *proc
+}
+
+type frontOpts struct {
+	Upstreams  []string // DoT addresses, "127.0.0.1:port"
+	Cache      bool     // put cache in front
+	Prometheus bool     // put prometheus in front
+	Options    []string // extra lines inside the dotforward block
+}
+
+func startFront(t testing.TB, c *certs, o frontOpts) *front {
+	t.Helper()
+	dir := t.TempDir()
+	port, mport := freePort(t), freePort(t)
+	var ups []string
+	opts := o.Options
+	for _, u := range o.Upstreams {
+		host, p, _ := strings.Cut(u, ":")
+		if directive == "forward" {
+			ups = append(ups, "tls://"+u)
+		} else {
+			ups = append(ups, "tls://"+host+"%"+serverName+":"+p)
+		}
+	}
+	if directive == "forward" {
+		opts = append([]string{"tls_servername " + serverName}, opts...)
+	}
+	conf := render(t, "front.Corefile.tmpl", dir, "Corefile", map[string]any{
+		"Port": port, "MetricsPort": mport, "Prometheus": o.Prometheus, "Cache": o.Cache,
+		"Directive": directive, "Upstreams": ups, "CA": c.CA, "Options": opts,
+	})
+	t.Cleanup(func() {
+		if data, err := os.ReadFile(conf); err == nil && t.Failed() {
+			t.Logf("--- front Corefile:\n%s", data)
+		}
+	})
+	f := &front{addr: addr(port), p: startProc(t, "coredns-front", nil, corednsBinary(t), "-conf", conf)}
+	if o.Prometheus {
+		f.metrics = addr(mport)
+	}
+	waitFor(t, "coredns front on "+f.addr, startTimeout, f.p, func() error {
+		r, err := exchange("udp", f.addr, nil, newQuery(aName, dns.TypeA))
+		if err != nil {
+			return err
+		}
+		return checkAnswer(r, dns.TypeA, aAddr)
+	})
+	return f
+}
