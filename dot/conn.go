@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,9 +30,18 @@ type call struct {
 	sentAt   atomic.Int64 // unix ns when the batch holding it was flushed; 0 before
 	id       uint16       // connection-local ID, set under conn.mu by register
 
+	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
+
 	// tombUntil, guarded by conn.mu, is non-zero once the caller gave up on the sent
 	// query: its ID stays reserved until the late answer arrives or this time passes.
 	tombUntil int64
+}
+
+// complete delivers the call's result. The ownership rule makes this happen once, so
+// the send on the 1-slot channel never blocks.
+func (cl *call) complete(r result) {
+	cl.completions.Add(1)
+	cl.resp <- r
 }
 
 // result completes a call: an answer frame (without length prefix) or an error.
@@ -69,7 +76,10 @@ type conn struct {
 	nextID   uint16           // guarded by mu
 	tombs    int              // guarded by mu
 	answered int              // guarded by mu: answers delivered on this connection
+	accepted int              // guarded by mu: calls ever registered on this connection
+	limit    int              // guarded by mu: drain after this many calls (learned from the server); 0: none
 	closed   bool             // guarded by mu
+	werr     error            // guarded by mu: the writer's first error; no write after it
 	draining CloseReason      // guarded by mu: why it drains; -1 when not draining
 	idle     time.Duration    // guarded by mu: IdleTimeout, lowered by the server's keepalive
 }
@@ -87,6 +97,7 @@ func newConn(p *Pool, tc *tls.Conn) *conn {
 		calls:    make(map[uint16]*call, p.cfg.MaxInflight),
 		draining: -1,
 		idle:     p.cfg.IdleTimeout,
+		limit:    int(p.learnedLimit()),
 	}
 	c.lastRead.Store(now)
 	c.lastUsed.Store(now)
@@ -97,7 +108,7 @@ func newConn(p *Pool, tc *tls.Conn) *conn {
 // the connection is full, draining or closed.
 func (c *conn) register(cl *call) bool {
 	c.mu.Lock()
-	if c.closed || c.draining >= 0 || len(c.calls) >= c.pool.cfg.MaxInflight {
+	if c.closed || c.werr != nil || c.draining >= 0 || len(c.calls) >= c.pool.cfg.MaxInflight {
 		c.mu.Unlock()
 		return false
 	}
@@ -112,6 +123,12 @@ func (c *conn) register(cl *call) bool {
 	}
 	c.calls[cl.id] = cl
 	c.load.Store(int32(len(c.calls)))
+	c.accepted++
+	if c.limit > 0 && c.accepted >= c.limit {
+		// The server cuts connections after about this many queries: stop here so
+		// that nothing we write is cut off.
+		c.setDrainingLocked(CloseLimit)
+	}
 	c.mu.Unlock()
 	c.lastUsed.Store(nanotime())
 	c.writeq <- cl
@@ -158,7 +175,7 @@ func (c *conn) writeLoop() {
 		}
 		clear(batch)
 		if err != nil {
-			c.closeFor(fmt.Errorf("write: %w", err), CloseError)
+			c.writeFailed(err)
 			return
 		}
 	}
@@ -169,29 +186,50 @@ func (c *conn) writeLoop() {
 func (c *conn) readLoop() {
 	defer c.pool.wg.Done()
 	defer c.closeSocket()
+	c.readFailed(c.readFrames(c.br))
+}
+
+// readFrames reads length-prefixed answers from r and dispatches each until r fails.
+func (c *conn) readFrames(r io.Reader) error {
 	var hdr [2]byte
 	for {
-		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
-			c.readFailed(err)
-			return
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return err
 		}
 		frame := make([]byte, binary.BigEndian.Uint16(hdr[:]))
-		if _, err := io.ReadFull(c.br, frame); err != nil {
-			c.readFailed(err)
-			return
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return err
 		}
 		c.lastRead.Store(nanotime())
 		c.dispatch(frame)
 	}
 }
 
+// writeFailed handles the writer's first (sticky) error. A write usually fails
+// because the server closed the connection, and answers it sent before closing may
+// still be unread: the reader gets a short grace to deliver them and to see the
+// server's EOF before the connection is closed as failed.
+func (c *conn) writeFailed(err error) {
+	c.mu.Lock()
+	c.werr = fmt.Errorf("write: %w", err)
+	c.unusable.Store(true)
+	c.mu.Unlock()
+	c.tc.SetReadDeadline(time.Now().Add(closeGrace))
+}
+
 // readFailed classifies the error that ended the read loop.
 func (c *conn) readFailed(err error) {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+	c.mu.Lock()
+	werr := c.werr
+	c.mu.Unlock()
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		c.closeFor(errServerClosed, CloseServer)
-		return
+	case werr != nil:
+		c.closeFor(werr, CloseError)
+	default:
+		c.closeFor(fmt.Errorf("read: %w", err), CloseError) // no-op if we closed it ourselves
 	}
-	c.closeFor(fmt.Errorf("read: %w", err), CloseError) // no-op if we closed it ourselves
 }
 
 var errServerClosed = errors.New("server closed the connection")
@@ -225,7 +263,7 @@ func (c *conn) dispatch(frame []byte) {
 	if drop >= 0 {
 		c.pool.obs.Dropped(drop)
 	} else {
-		cl.resp <- result{frame: frame}
+		cl.complete(result{frame: frame})
 		c.lastUsed.Store(nanotime())
 	}
 	if first {
@@ -322,8 +360,8 @@ func (c *conn) sweep(now int64) {
 	c.mu.Unlock()
 
 	for _, cl := range expired {
-		cl.resp <- result{err: ErrTimeout}
 		c.pool.obs.TimedOut()
+		cl.complete(result{err: ErrTimeout})
 	}
 	switch {
 	case stalled:
@@ -390,21 +428,32 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	clear(c.calls)
 	c.tombs = 0
 	c.load.Store(0)
-	proven := c.answered > 0
+	answered := c.answered
 	c.mu.Unlock()
 
 	close(c.done)
 	// Wake the reader, which closes the socket on its way out.
 	c.tc.SetReadDeadline(time.Unix(1, 0))
-	lost := &connLostError{cause: cause, replayable: proven}
+	// The pool forgets the connection, learns from its end and arms its backoff
+	// before the queries move on, so that where they go reflects all of that.
+	c.pool.learnLimit(reason, answered, len(live))
+	c.pool.connClosed(c, reason, answered > 0)
+	lost := &connLostError{cause: cause, replayable: answered > 0}
 	for _, cl := range live {
 		if cl.state.CompareAndSwap(callQueued, callAbandoned) {
-			cl.resp <- result{err: errUnsent}
+			cl.complete(result{err: errUnsent})
 		} else {
-			cl.resp <- result{err: lost}
+			cl.complete(result{err: lost})
 		}
 	}
-	c.pool.connClosed(c, reason, proven)
+}
+
+// nearLimit reports whether the connection is close to its learned query limit, so
+// that the next connection can be dialed before this one drains.
+func (c *conn) nearLimit() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.limit > 0 && c.accepted >= c.limit*3/4
 }
 
 // closeSocket closes the TLS connection. tls.Conn.Close sends close_notify and may
@@ -426,11 +475,5 @@ type connLostError struct {
 
 func (e *connLostError) Error() string   { return fmt.Sprintf("%v: %v", ErrConnLost, e.cause) }
 func (e *connLostError) Unwrap() []error { return []error{ErrConnLost, e.cause} }
-
-// isTimeout reports whether err is a network timeout (as opposed to a reset).
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
-}
 
 func nanotime() int64 { return time.Now().UnixNano() }

@@ -30,10 +30,11 @@ const (
 	CloseMaxAge                    // drained after reaching MaxAge
 	CloseDrain                     // drained on the server's keepalive timeout 0 or too many tombstones
 	ClosePool                      // the pool was closed
+	CloseLimit                     // drained at the query limit learned from the server's cuts
 	closeReasonCount
 )
 
-var closeReasonNames = [...]string{"idle", "server_close", "error", "stall", "max_age", "drain", "shutdown"}
+var closeReasonNames = [...]string{"idle", "server_close", "error", "stall", "max_age", "drain", "shutdown", "query_limit"}
 
 func (r CloseReason) String() string {
 	if r < 0 || r >= closeReasonCount {

@@ -27,9 +27,11 @@ type Pool struct {
 	tls *tls.Config
 	obs Observer
 
-	conns   atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
-	waiters atomic.Int32            // callers waiting in acquire for a slot or a connection
-	dialing atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
+	conns      atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters    atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing    atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
+	limit      atomic.Int32            // queries per connection the server allows, learned from its cuts
+	limitUntil atomic.Int64            // unix ns until which limit holds
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
@@ -166,6 +168,9 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-timer.C:
+			if d, ok := ctx.Deadline(); ok && d.UnixNano() <= cl.deadline {
+				return nil, context.DeadlineExceeded // the caller's deadline, not ours
+			}
 			return nil, fmt.Errorf("%w: no free connection", ErrTimeout)
 		}
 	}
@@ -187,7 +192,8 @@ func (p *Pool) pick(cl *call) *conn {
 			return nil
 		}
 		if best.register(cl) {
-			if bestLoad+1 >= int32(p.cfg.MaxInflight/2) && len(conns) < p.cfg.MaxConns && !p.dialing.Load() {
+			busy := bestLoad+1 >= int32(p.cfg.MaxInflight/2) || best.nearLimit()
+			if busy && len(conns) < p.cfg.MaxConns && !p.dialing.Load() {
 				p.mu.Lock()
 				p.startDialLocked()
 				p.mu.Unlock()
@@ -208,7 +214,9 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 	if p.closed {
 		return nil, ErrPoolClosed
 	}
-	p.startDialLocked()
+	if !p.hasRoomLocked() {
+		p.startDialLocked()
+	}
 	if p.dialc == nil && !p.hasUsableLocked() && time.Now().Before(p.retryAt) {
 		if p.lastErr != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.lastErr)
@@ -216,6 +224,16 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 		return nil, ErrUnavailable
 	}
 	return p.wake, nil
+}
+
+// hasRoomLocked reports whether a usable connection has a free slot.
+func (p *Pool) hasRoomLocked() bool {
+	for _, c := range *p.conns.Load() {
+		if !c.unusable.Load() && c.load.Load() < int32(p.cfg.MaxInflight) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Pool) hasUsableLocked() bool {
@@ -304,6 +322,23 @@ func (p *Pool) answered() {
 	p.mu.Unlock()
 }
 
+// learnLimit is told how a connection ended. A server that closes a busy
+// connection after answering many queries teaches the pool its per-connection
+// query limit. It runs before the dead connection's queries are moved or replayed,
+// so that the connections they go to already respect the limit.
+func (p *Pool) learnLimit(reason CloseReason, answered, outstanding int) {
+	if reason != CloseServer || outstanding == 0 || answered < minLearnedLimit {
+		return
+	}
+	limit := int32(answered - answered/10) // a margin for servers that count bytes
+	if old := p.learnedLimit(); old == 0 || limit < old {
+		p.limit.Store(limit)
+	}
+	// Forget it after a while: a cut may have been a one-off (a restart), and a
+	// needlessly low limit costs handshakes.
+	p.limitUntil.Store(nanotime() + int64(learnedLimitTTL))
+}
+
 // connClosed removes c from the pool. A connection that failed before its first
 // answer counts as a failure of the upstream.
 func (p *Pool) connClosed(c *conn, reason CloseReason, proven bool) {
@@ -355,6 +390,23 @@ func (p *Pool) sweepLoop() {
 			}
 		}
 	}
+}
+
+// minLearnedLimit is the fewest answers after which a server's cut teaches a
+// per-connection limit: fewer is more likely a fault than a policy, and a tiny limit
+// would mean a handshake every few queries.
+const minLearnedLimit = 16
+
+// learnedLimitTTL is how long a learned per-connection query limit holds.
+const learnedLimitTTL = 10 * time.Minute
+
+// learnedLimit returns the per-connection query limit learned from the server's
+// cuts, or 0 if none holds.
+func (p *Pool) learnedLimit() int32 {
+	if nanotime() > p.limitUntil.Load() {
+		return 0
+	}
+	return p.limit.Load()
 }
 
 // sweepInterval is the timer granularity: a twentieth of the shortest timeout,

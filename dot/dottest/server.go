@@ -28,8 +28,10 @@ type Options struct {
 	Delay func(q dns.Question) time.Duration
 	// Drop never answers matching questions.
 	Drop func(q dns.Question) bool
-	// CloseAfter closes each connection right after its Nth answer, whatever is
-	// still pending on it. 0: never.
+	// CloseAfter serves only the first N queries of each connection, like a server
+	// with a per-connection query limit: later queries are read and ignored, and the
+	// connection closes right after the Nth answer, whatever is still pending on it.
+	// 0: never.
 	CloseAfter int
 	// SilentAfter stops answering on each connection after its Nth answer, keeping
 	// the connection open (a black hole). 0: never.
@@ -219,6 +221,7 @@ func (s *Server) serve(raw net.Conn) {
 func (sc *serverConn) readLoop() {
 	br := bufio.NewReader(sc.tc)
 	var hdr [2]byte
+	received := 0
 	for {
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			return
@@ -230,6 +233,10 @@ func (sc *serverConn) readLoop() {
 		sc.s.queries.Add(1)
 		if f := sc.s.opts.OnQuery; f != nil {
 			f(wire)
+		}
+		received++
+		if n := sc.s.opts.CloseAfter; n > 0 && received > n {
+			continue // over this connection's query limit: never answered
 		}
 		q := new(dns.Msg)
 		if err := q.Unpack(wire); err != nil || len(q.Question) != 1 {
@@ -260,7 +267,6 @@ func (sc *serverConn) noteOutstanding(d int64) {
 
 // answer builds, delays and writes the answer to q as scripted.
 func (sc *serverConn) answer(q *dns.Msg) {
-	defer sc.noteOutstanding(-1)
 	o := &sc.s.opts
 	if o.Drop != nil && o.Drop(q.Question[0]) {
 		return
@@ -271,6 +277,7 @@ func (sc *serverConn) answer(q *dns.Msg) {
 		}
 	}
 	frames, err := sc.build(q)
+	sc.noteOutstanding(-1) // before the write: the client may send the next query at once
 	if err != nil {
 		return
 	}

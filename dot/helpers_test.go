@@ -1,0 +1,204 @@
+package dot
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// newTestPool returns a pool to s, configured by mod, closed (and checked for
+// leaked goroutines) when the test ends.
+func newTestPool(t *testing.T, s *dottest.Server, mod func(*Config)) (*Pool, *recorder) {
+	t.Helper()
+	rec := newRecorder()
+	cfg := Config{Addr: s.Addr, TLS: s.ClientTLS(), Observer: rec}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		checkNoPoolGoroutines(t)
+	})
+	return p, rec
+}
+
+func newQuery(name string, qtype uint16) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	return m
+}
+
+// exchange runs one query with a generous deadline.
+func exchange(p *Pool, name string) (*dns.Msg, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return p.Exchange(ctx, newQuery(name, dns.TypeA))
+}
+
+// waitFor polls cond until it holds, failing the test after 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("Timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// checkNoPoolGoroutines fails if any goroutine of this package is still running.
+func checkNoPoolGoroutines(t *testing.T) {
+	t.Helper()
+	var stacks string
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		buf := make([]byte, 1<<20)
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		if !strings.Contains(stacks, "dot.(*conn)") && !strings.Contains(stacks, "dot.(*Pool)") {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Errorf("Pool goroutines left after Close:\n%s", stacks)
+}
+
+// recorder is an Observer that counts events.
+type recorder struct {
+	mu       sync.Mutex
+	dials    int
+	dialErrs int
+	resumed  int
+	closes   map[CloseReason]int
+	drops    map[DropReason]int
+	replays  int
+	timeouts int
+}
+
+func newRecorder() *recorder {
+	return &recorder{closes: map[CloseReason]int{}, drops: map[DropReason]int{}}
+}
+
+func (r *recorder) Dialed(_ time.Duration, resumed bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.dials++
+	if err != nil {
+		r.dialErrs++
+	}
+	if resumed {
+		r.resumed++
+	}
+}
+
+func (r *recorder) Closed(reason CloseReason) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closes[reason]++
+}
+
+func (r *recorder) Dropped(reason DropReason) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.drops[reason]++
+}
+
+func (r *recorder) Replayed() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.replays++
+}
+
+func (r *recorder) TimedOut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.timeouts++
+}
+
+func (r *recorder) get(f func(r *recorder) int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return f(r)
+}
+
+// gate is a Dial wrapper whose connections count writes and can hold them.
+type gate struct {
+	mu      sync.Mutex
+	held    chan struct{} // non-nil: writes block until it is closed
+	entered chan struct{} // receives once per write that blocked
+	writes  atomic.Int64
+	dials   atomic.Int64
+	conns   []net.Conn
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}, 1024)} }
+
+func (g *gate) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	g.dials.Add(1)
+	gc := &gatedConn{Conn: c, g: g, closed: make(chan struct{})}
+	g.mu.Lock()
+	g.conns = append(g.conns, gc)
+	g.mu.Unlock()
+	return gc, nil
+}
+
+// hold makes later writes block until release.
+func (g *gate) hold() {
+	g.mu.Lock()
+	g.held = make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *gate) release() {
+	g.mu.Lock()
+	if g.held != nil {
+		close(g.held)
+		g.held = nil
+	}
+	g.mu.Unlock()
+}
+
+type gatedConn struct {
+	net.Conn
+	g      *gate
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *gatedConn) Write(b []byte) (int, error) {
+	c.g.mu.Lock()
+	held := c.g.held
+	c.g.mu.Unlock()
+	if held != nil {
+		c.g.entered <- struct{}{}
+		select {
+		case <-held:
+		case <-c.closed: // like a blocked socket write, closing the socket ends it
+			return 0, net.ErrClosed
+		}
+	}
+	c.g.writes.Add(1)
+	return c.Conn.Write(b)
+}
+
+func (c *gatedConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
