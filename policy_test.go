@@ -1,0 +1,184 @@
+package dotforward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot"
+)
+
+func testUpstreams(n int) []*upstream {
+	ups := make([]*upstream, n)
+	for i := range ups {
+		ups[i] = newUpstream(dot.Config{Addr: fmt.Sprintf("192.0.2.%d:853", i+1)}, defaultMaxFails, healthCheck{})
+	}
+	return ups
+}
+
+func order(ups []*upstream) string {
+	s := ""
+	for _, u := range ups {
+		s += u.addr[len("192.0.2."):len("192.0.2.")+1] + " "
+	}
+	return s
+}
+
+func TestNewPolicy(t *testing.T) {
+	for _, name := range []string{"random", "round_robin", "sequential", "latency"} {
+		if p := newPolicy(name); p == nil || p.String() != name {
+			t.Errorf("Expected policy %s, got %v", name, p)
+		}
+	}
+	if p := newPolicy("fastest"); p != nil {
+		t.Errorf("Expected no policy for an unknown name, got %v", p)
+	}
+}
+
+func TestSequential(t *testing.T) {
+	ups := testUpstreams(3)
+	p := &sequential{}
+	for i := range 3 {
+		if got := order(p.List(ups)); got != "1 2 3 " {
+			t.Errorf("Call %d: expected order 1 2 3, got %s", i, got)
+		}
+	}
+}
+
+func TestRoundRobin(t *testing.T) {
+	ups := testUpstreams(3)
+	p := &roundRobin{}
+	want := []string{"1 2 3 ", "2 3 1 ", "3 1 2 ", "1 2 3 "}
+	for i, w := range want {
+		if got := order(p.List(ups)); got != w {
+			t.Errorf("Call %d: expected order %s, got %s", i, w, got)
+		}
+	}
+	if got := order(ups); got != "1 2 3 " {
+		t.Errorf("Expected the configured order untouched, got %s", got)
+	}
+	if got := p.List(nil); got != nil {
+		t.Errorf("Expected no order for no upstreams, got %v", got)
+	}
+}
+
+func TestRandom(t *testing.T) {
+	ups := testUpstreams(3)
+	p := &random{}
+	firsts := map[string]int{}
+	for range 300 {
+		got := p.List(ups)
+		if !isPermutation(got, ups) {
+			t.Fatalf("Expected a permutation of the upstreams, got %s", order(got))
+		}
+		firsts[got[0].addr]++
+	}
+	// Each upstream is first with probability 1/3; missing one in 300 draws has
+	// probability 3·(2/3)^300 ≈ 1e-52.
+	if len(firsts) != 3 {
+		t.Errorf("Expected every upstream to come first sometimes, got %v", firsts)
+	}
+	if got := order(ups); got != "1 2 3 " {
+		t.Errorf("Expected the configured order untouched, got %s", got)
+	}
+}
+
+func TestLatency(t *testing.T) {
+	ms := func(n int) int64 { return int64(time.Duration(n) * time.Millisecond) }
+	tests := []struct {
+		name     string
+		rtt      []int64
+		inflight []int64
+		explore  int // -1: no exploration; else the index pick returns
+		want     string
+	}{
+		{name: "fastest first", rtt: []int64{ms(30), ms(10), ms(20)}, inflight: []int64{0, 0, 0}, explore: -1, want: "2 3 1 "},
+		{name: "queue counts", rtt: []int64{ms(30), ms(10), ms(20)}, inflight: []int64{0, 4, 0}, explore: -1, want: "3 1 2 "},
+		{name: "unmeasured first", rtt: []int64{ms(5), 0, ms(1)}, inflight: []int64{0, 0, 0}, explore: -1, want: "2 3 1 "},
+		{name: "unmeasured spread by queue", rtt: []int64{0, 0, ms(1)}, inflight: []int64{3, 0, 0}, explore: -1, want: "2 1 3 "},
+		{name: "exploration puts a slower one first", rtt: []int64{ms(30), ms(10), ms(20)}, inflight: []int64{0, 0, 0}, explore: 1, want: "1 3 2 "},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ups := testUpstreams(3)
+			for i, u := range ups {
+				u.rtt.Store(tc.rtt[i])
+				u.inflight.Store(tc.inflight[i])
+			}
+			p := newLatency()
+			p.explore = func() bool { return tc.explore >= 0 }
+			p.pick = func(n int) int {
+				if n != 2 {
+					t.Errorf("Expected a pick among the 2 others, got %d", n)
+				}
+				return tc.explore
+			}
+			if got := order(p.List(ups)); got != tc.want {
+				t.Errorf("Expected order %s, got %s", tc.want, got)
+			}
+		})
+	}
+}
+
+// TestLatencyExploresRarely checks the real exploration rate: the fastest upstream
+// comes first about 19 times in 20.
+func TestLatencyExploresRarely(t *testing.T) {
+	ups := testUpstreams(3)
+	for i, u := range ups {
+		u.rtt.Store(int64(time.Duration(i+1) * time.Millisecond))
+	}
+	p := newLatency()
+	first := 0
+	const n = 2000
+	for range n {
+		got := p.List(ups)
+		if !isPermutation(got, ups) {
+			t.Fatalf("Expected a permutation of the upstreams, got %s", order(got))
+		}
+		if got[0] == ups[0] {
+			first++
+		}
+	}
+	// Expected 1900; the bounds are more than 7 standard deviations (≈9.7) away.
+	if first < 1820 || first > 1970 || first == n {
+		t.Errorf("Expected the fastest upstream first in about 95%% of %d lists, got %d", n, first)
+	}
+}
+
+func TestLatencyEstimate(t *testing.T) {
+	u := testUpstreams(1)[0]
+	u.observeRTT(100 * time.Millisecond)
+	if got := time.Duration(u.rtt.Load()); got != 100*time.Millisecond {
+		t.Errorf("Expected the first sample as the estimate, got %s", got)
+	}
+	u.observeRTT(20 * time.Millisecond)
+	if got := time.Duration(u.rtt.Load()); got != 80*time.Millisecond {
+		t.Errorf("Expected the estimate to move a quarter of the way to 20ms, got %s", got)
+	}
+	// A failure weighs like a read timeout, however fast it came.
+	u.failed(fmt.Errorf("wrapped: %w", dot.ErrConnLost), time.Millisecond)
+	if got, want := time.Duration(u.rtt.Load()), 80*time.Millisecond+(dot.DefaultReadTimeout-80*time.Millisecond)/4; got != want {
+		t.Errorf("Expected a failure to count as a read timeout (%s), got %s", want, got)
+	}
+	// The client's own deadline says nothing about the upstream.
+	before := u.rtt.Load()
+	u.failed(errors.Join(dot.ErrTimeout, context.DeadlineExceeded), time.Second)
+	if u.rtt.Load() != before || u.fails.Load() != 1 {
+		t.Errorf("Expected a caller deadline not to count, got rtt %s and %d fails", time.Duration(u.rtt.Load()), u.fails.Load())
+	}
+}
+
+func isPermutation(got, ups []*upstream) bool {
+	if len(got) != len(ups) {
+		return false
+	}
+	for _, u := range ups {
+		if !slices.Contains(got, u) {
+			return false
+		}
+	}
+	return true
+}
