@@ -277,21 +277,24 @@ func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 	r.Id = q.origID
 	r.Question[0].Name = q.name
 	keepalive := -1
-	for i := len(r.Extra) - 1; i >= 0; i-- {
-		opt, ok := r.Extra[i].(*dns.OPT)
+	kept := r.Extra[:0]
+	for _, rr := range r.Extra {
+		opt, ok := rr.(*dns.OPT)
 		if !ok {
+			kept = append(kept, rr)
 			continue
 		}
-		keepalive = stripHopByHop(opt)
-		if keepalive == 0 && !keepaliveTimeoutZero(frame) {
-			keepalive = -1 // an empty option is no timeout at all
+		if ka := stripHopByHop(opt); ka > 0 || ka == 0 && keepaliveTimeoutZero(frame) {
+			keepalive = ka // an empty option (ka == 0 without the bytes) is no timeout
 		}
-		if !q.clientOPT {
-			r.Extra = append(r.Extra[:i], r.Extra[i+1:]...)
+		if q.clientOPT {
+			kept = append(kept, rr)
+		} else {
 			r.Rcode &= 0xF // extended rcode bits cannot be expressed without OPT
 		}
-		break
 	}
+	clear(r.Extra[len(kept):])
+	r.Extra = kept
 	return r, keepalive, nil
 }
 

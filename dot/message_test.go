@@ -1,0 +1,302 @@
+package dot
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+func TestPrepareQueryPadsToBlock(t *testing.T) {
+	tests := []struct {
+		name  string
+		qname string
+		block int
+		edns  bool
+	}{
+		{"short name, no client EDNS", "a.example.", 128, false},
+		{"client EDNS", "a.example.", 128, true},
+		{"long name", "a-rather-long-label-to-push-the-size-up.another-long-label.example.org.", 128, true},
+		{"block 468", "b.example.", 468, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newQuery(tc.qname, dns.TypeA)
+			if tc.edns {
+				m.SetEdns0(4096, true)
+			}
+			q, err := prepareQuery(m, tc.block, true)
+			if err != nil {
+				t.Fatalf("prepareQuery: %v", err)
+			}
+			msg := q.wire[2:]
+			if len(msg)%tc.block != 0 {
+				t.Errorf("Packed length %d is not a multiple of %d", len(msg), tc.block)
+			}
+			// The padded message must still parse, with one padding option last.
+			out := new(dns.Msg)
+			if err := out.Unpack(msg); err != nil {
+				t.Fatalf("Padded query does not unpack: %v", err)
+			}
+			opt := out.IsEdns0()
+			if opt == nil || len(opt.Option) == 0 {
+				t.Fatal("Padded query has no OPT options")
+			}
+			if _, ok := opt.Option[len(opt.Option)-1].(*dns.EDNS0_PADDING); !ok {
+				t.Errorf("Last option is %T, want padding", opt.Option[len(opt.Option)-1])
+			}
+		})
+	}
+}
+
+// Padding and keepalive are hop-by-hop: the client's are not forwarded, ours are
+// added; other options, the buffer size and the DO bit pass through.
+func TestPrepareQueryHopByHop(t *testing.T) {
+	m := newQuery("a.example.", dns.TypeA)
+	m.SetEdns0(1400, true)
+	opt := m.IsEdns0()
+	opt.Option = append(opt.Option,
+		&dns.EDNS0_PADDING{Padding: make([]byte, 40)},
+		&dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 99},
+		&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: net.IPv4(198, 51, 100, 0)},
+	)
+	q, err := prepareQuery(m, 128, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := new(dns.Msg)
+	if err := out.Unpack(q.wire[2:]); err != nil {
+		t.Fatal(err)
+	}
+	o := out.IsEdns0()
+	if o.UDPSize() != 1400 || !o.Do() {
+		t.Errorf("Upstream OPT size %d DO %v, want the client's 1400 and DO", o.UDPSize(), o.Do())
+	}
+	var pads, kas, subnets int
+	for _, e := range o.Option {
+		switch e := e.(type) {
+		case *dns.EDNS0_PADDING:
+			pads++
+		case *dns.EDNS0_TCP_KEEPALIVE:
+			kas++
+			if e.Timeout != 0 {
+				t.Errorf("Forwarded the client's keepalive timeout %d", e.Timeout)
+			}
+		case *dns.EDNS0_SUBNET:
+			subnets++
+		}
+	}
+	if pads != 1 || kas != 1 || subnets != 1 {
+		t.Errorf("Options: %d padding, %d keepalive, %d subnet; want 1 of each", pads, kas, subnets)
+	}
+	if len(m.IsEdns0().Option) != 3 {
+		t.Errorf("The client's query was modified: %v", m.IsEdns0().Option)
+	}
+}
+
+func TestPrepareQueryRejects(t *testing.T) {
+	noQ := new(dns.Msg)
+	two := newQuery("a.example.", dns.TypeA)
+	two.Question = append(two.Question, two.Question[0])
+	for name, m := range map[string]*dns.Msg{
+		"no question":   noQ,
+		"two questions": two,
+		"AXFR":          newQuery("example.", dns.TypeAXFR),
+		"IXFR":          newQuery("example.", dns.TypeIXFR),
+	} {
+		if _, err := prepareQuery(m, 128, true); err == nil {
+			t.Errorf("%s: prepareQuery accepted it", name)
+		}
+	}
+}
+
+func TestAnswersMatchesQuestionOnTheWire(t *testing.T) {
+	q, err := prepareQuery(newQuery("MiXed.Example.", dns.TypeAAAA), 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply := func(name string, qtype uint16, qr bool) []byte {
+		r := newQuery(name, qtype)
+		r.Response = qr
+		b, err := r.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	tests := []struct {
+		name string
+		resp []byte
+		want bool
+	}{
+		{"same", reply("MiXed.Example.", dns.TypeAAAA, true), true},
+		{"other case", reply("mixed.EXAMPLE.", dns.TypeAAAA, true), true},
+		{"other name", reply("mixes.example.", dns.TypeAAAA, true), false},
+		{"other type", reply("mixed.example.", dns.TypeA, true), false},
+		{"not a response", reply("mixed.example.", dns.TypeAAAA, false), false},
+		{"truncated", reply("mixed.example.", dns.TypeAAAA, true)[:15], false},
+		{"longer name", reply("mixed.example.org.", dns.TypeAAAA, true), false},
+	}
+	for _, tc := range tests {
+		if got := answers(tc.resp, q.question); got != tc.want {
+			t.Errorf("%s: answers = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The answer goes back without hop-by-hop options, and without an OPT at all if
+// the client sent none.
+func TestFinishAnswerStripsHopByHop(t *testing.T) {
+	for _, clientEDNS := range []bool{true, false} {
+		m := newQuery("a.example.", dns.TypeA)
+		if clientEDNS {
+			m.SetEdns0(1232, false)
+		}
+		q, err := prepareQuery(m, 128, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := new(dns.Msg)
+		r.SetReply(m)
+		r.SetEdns0(1232, false)
+		r.IsEdns0().Option = append(r.IsEdns0().Option,
+			&dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 50},
+			&dns.EDNS0_PADDING{Padding: make([]byte, 20)},
+			&dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeOther},
+		)
+		wire, _ := r.Pack()
+		got, keepalive, err := finishAnswer(q, wire)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if keepalive != 50 {
+			t.Errorf("Keepalive = %d, want 50", keepalive)
+		}
+		opt := got.IsEdns0()
+		switch {
+		case !clientEDNS && opt != nil:
+			t.Errorf("Client without EDNS got an OPT: %v", opt)
+		case clientEDNS && (opt == nil || len(opt.Option) != 1):
+			t.Errorf("Client with EDNS got OPT %v, want only the EDE option", opt)
+		}
+	}
+}
+
+// The upstream sees padded queries, and the keepalive it advertises is honoured.
+func TestPaddingOnTheWireAndKeepalive(t *testing.T) {
+	var mu sync.Mutex
+	var sizes []int
+	s := dottest.Start(t, dottest.Options{
+		OnQuery: func(wire []byte) {
+			mu.Lock()
+			sizes = append(sizes, len(wire))
+			mu.Unlock()
+		},
+		Handler: func(q *dns.Msg) *dns.Msg {
+			r := dottest.DefaultAnswer(q)
+			r.SetEdns0(1232, false)
+			// 3 units = 300ms: the pool must close idle connections before that.
+			r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 3})
+			return r
+		},
+	})
+	p, rec := newTestPool(t, s, nil)
+	for _, name := range []string{"a.example.", "a-much-longer-name-for-another-size.example.org."} {
+		r, err := exchange(p, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.IsEdns0() != nil {
+			t.Errorf("The server's keepalive OPT reached a client that sent no EDNS: %v", r.IsEdns0())
+		}
+	}
+	mu.Lock()
+	for _, n := range sizes {
+		if n%128 != 0 {
+			t.Errorf("Query of %d bytes on the wire, want a multiple of 128", n)
+		}
+	}
+	mu.Unlock()
+	waitFor(t, "the idle close before the server's keepalive", func() bool {
+		return rec.get(func(r *recorder) int { return r.closes[CloseIdle] }) == 1
+	})
+}
+
+// A keepalive timeout of 0 means: send nothing more, close once answers are in.
+func TestKeepaliveZeroDrains(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+		r := dottest.DefaultAnswer(q)
+		r.SetEdns0(1232, false)
+		if q.Question[0].Name == "bye.example." {
+			// miekg/dns packs a zero timeout as an empty option; send it by hand.
+			r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: dns.EDNS0TCPKEEPALIVE, Data: []byte{0, 0}})
+		}
+		return r
+	}})
+	p, rec := newTestPool(t, s, nil)
+	if _, err := exchange(p, "bye.example."); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the drain", func() bool { return rec.get(func(r *recorder) int { return r.closes[CloseDrain] }) == 1 })
+	if _, err := exchange(p, "next.example."); err != nil {
+		t.Fatal(err)
+	}
+	if h := s.Handshakes(); h != 2 {
+		t.Errorf("Handshakes = %d, want 2: the drained connection must not be reused", h)
+	}
+}
+
+// An empty keepalive option in an answer (invalid from a server) is no timeout,
+// and must not drain the connection.
+func TestEmptyKeepaliveIsIgnored(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+		r := dottest.DefaultAnswer(q)
+		r.SetEdns0(1232, false)
+		r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE})
+		return r
+	}})
+	p, rec := newTestPool(t, s, nil)
+	for range 3 {
+		if _, err := exchange(p, "a.example."); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h := s.Handshakes(); h != 1 {
+		t.Errorf("Handshakes = %d, want 1", h)
+	}
+	if d := rec.get(func(r *recorder) int { return r.closes[CloseDrain] }); d != 0 {
+		t.Errorf("Drains = %d, want 0", d)
+	}
+}
+
+func TestEDNSPassesThrough(t *testing.T) {
+	var got *dns.OPT
+	var mu sync.Mutex
+	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+		mu.Lock()
+		got = q.IsEdns0()
+		mu.Unlock()
+		return dottest.DefaultAnswer(q)
+	}})
+	p, _ := newTestPool(t, s, func(c *Config) { c.PadBlock = -1; c.NoKeepalive = true })
+	m := newQuery("a.example.", dns.TypeA)
+	m.SetEdns0(4096, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := p.Exchange(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got == nil || got.UDPSize() != 4096 || !got.Do() || len(got.Option) != 0 {
+		t.Errorf("Upstream saw OPT %v, want size 4096, DO, no options (padding and keepalive off)", got)
+	}
+	if o := r.IsEdns0(); o == nil || o.UDPSize() != 4096 || !o.Do() {
+		t.Errorf("Answer OPT %v, want the server's echo", o)
+	}
+}
