@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// F is a float64 that is null in JSON when it is not a number (not measured).
+type F float64
+
+// MarshalJSON writes NaN and infinities as null, which encoding/json refuses.
+func (f F) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, v, 'g', 6, 64), nil
+}
+
+// Results is bench/results/results.json.
+type Results struct {
+	Generated string            `json:"generated"`
+	Machine   map[string]string `json:"machine"`
+	Summaries []Summary         `json:"summaries"`
+	Ratios    []Ratio           `json:"ratios"`
+	Targets   []Target          `json:"targets"`
+	Runs      []Run             `json:"runs"`
+	Micro     string            `json:"go_microbenchmarks,omitempty"`
+}
+
+func reportCmd(args []string) error {
+	fs := flag.NewFlagSet("report", flag.ContinueOnError)
+	in := fs.String("in", "", "raw.jsonl written by run.sh")
+	out := fs.String("out", "bench/results", "output directory")
+	machine := fs.String("machine", "", "key=value lines describing the machine and the run")
+	micro := fs.String("micro", "", "output of the Go micro-benchmarks")
+	profile := fs.String("profile", "", "pprof -top of the dotforward mode")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	runs, err := readRuns(*in)
+	if err != nil {
+		return err
+	}
+	res := Results{Generated: time.Now().UTC().Format(time.RFC3339), Runs: runs}
+	if res.Machine, err = readKV(*machine); err != nil {
+		return err
+	}
+	res.Micro = readOptional(*micro)
+	res.Summaries = summarize(runs)
+	res.Ratios = throughputRatios(res.Summaries)
+	res.Targets = targets(res.Summaries, res.Ratios)
+
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return err
+	}
+	j, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(*out, "results.json"), append(j, '\n'), 0o644); err != nil {
+		return err
+	}
+	var md strings.Builder
+	writeMarkdown(&md, &res, readOptional(*profile))
+	if err := os.WriteFile(filepath.Join(*out, "results.md"), []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(*out, "chart.svg"), []byte(chartSVG(res.Summaries, res.Machine)), 0o644)
+}
+
+func readOptional(path string) string {
+	if path == "" {
+		return ""
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+func readKV(path string) (map[string]string, error) {
+	m := map[string]string{}
+	if path == "" {
+		return m, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			m[k] = v
+		}
+	}
+	return m, sc.Err()
+}
+
+func label(mode string) string {
+	if l, ok := modeLabel[mode]; ok {
+		return l
+	}
+	return mode
+}
+
+func num(v float64, prec int) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "–"
+	}
+	return strconv.FormatFloat(v, 'f', prec, 64)
+}
+
+func writeMarkdown(w io.Writer, r *Results, profile string) {
+	m := r.Machine
+	fmt.Fprintf(w, "# dotforward benchmark results\n\n")
+	fmt.Fprintf(w, "Generated %s by `make bench` (bench/run.sh). Machine: %s CPUs (%s), kernel %s, %s; %s; %s; %s.\n\n",
+		r.Generated, m["nproc"], m["cpu"], m["kernel"], m["go"], m["coredns"], m["unbound"], m["dnsperf"])
+	fmt.Fprintf(w, "Everything ran on this one machine over 127.0.0.1: dnsperf, the server under test and the "+
+		"upstream (unbound, %s, answering every name under `%s` from local data over UDP and DoT). "+
+		"Load: `dnsperf %s` over %s distinct names, %s rounds of %s s per mode, modes interleaved, "+
+		"each after a %s s warm-up. Absolute figures vary from run to run and with what else the machine "+
+		"does; **the claim is the ratios measured within one run**. Medians over the rounds; "+
+		"QPS range is min–max.\n\n",
+		m["upstream_threads"], m["zone"], m["dnsperf_args"], m["queries"], m["rounds"], m["seconds"], m["warmup"])
+
+	fmt.Fprintf(w, "![QPS and CPU per query per mode](chart.svg)\n\n")
+	writeTargets(w, r.Targets)
+	writeThroughput(w, r.Summaries, r.Ratios)
+	writeLatency(w, r.Summaries)
+	writeChurn(w, r.Summaries)
+	writeRounds(w, r.Runs)
+	if r.Micro != "" {
+		fmt.Fprintf(w, "## Go micro-benchmarks (`go test -run '^$' -bench . -benchmem ./dot/...`)\n\n```\n%s```\n\n", r.Micro)
+	}
+	if profile != "" {
+		fmt.Fprintf(w, "## Where dotforward's CPU goes\n\nCPU profile of the CoreDNS process in dotforward mode under the same load "+
+			"(a separate run, not one of the measured ones), from the `pprof` plugin, `go tool pprof -top`:\n\n```\n%s```\n", profile)
+	}
+}
+
+func writeTargets(w io.Writer, ts []Target) {
+	fmt.Fprintf(w, "## Targets (issue 5)\n\n| target | measured | limit | result |\n|---|---:|---:|---|\n")
+	for _, t := range ts {
+		res := "FAIL"
+		switch {
+		case math.IsNaN(float64(t.Value)):
+			res = "not measured"
+		case t.Pass:
+			res = "pass"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s %s | %s |\n", t.Name, num(float64(t.Value), 2), t.Op, num(t.Limit, 2), res)
+	}
+	fmt.Fprintln(w)
+}
+
+func writeThroughput(w io.Writer, ss []Summary, rs []Ratio) {
+	fmt.Fprintf(w, "## Throughput (dnsperf at full speed)\n\n")
+	fmt.Fprintf(w, "CPU and RSS are the forwarding process's (CoreDNS, or the Unbound forwarder): user+system "+
+		"CPU time from /proc over the run ÷ queries answered; RSS is its peak (VmHWM). Upstream conns: "+
+		"established TCP connections to the DoT port half-way through the run (max of the rounds; in "+
+		"brackets the most seen in three samples). Upstream share: the upstream's query counter over the "+
+		"answered queries (1.00: every query was forwarded once).\n\n")
+	fmt.Fprintf(w, "| mode | QPS | QPS range | lost | not NOERROR | p50 ms | p99 ms | CPU µs/query | RSS MB | upstream conns | upstream share |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range ss {
+		if s.Kind != "throughput" {
+			continue
+		}
+		conns := "–"
+		if s.Mode != "whoami" && s.Mode != "fwd-udp" {
+			conns = fmt.Sprintf("%d (%d)", s.ConnsMid, s.ConnsMax)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s–%s | %d | %d | %s | %s | %s | %s | %s | %s |\n",
+			label(s.Mode), num(s.QPS, 0), num(s.QPSMin, 0), num(s.QPSMax, 0), s.Lost, s.NotNoerror,
+			num(s.P50ms, 2), num(s.P99ms, 2), num(s.CPUus, 1), num(s.RSSMB, 0), conns, num(float64(s.UpstreamShare), 2))
+	}
+	fmt.Fprintln(w)
+	if u := find(ss, "throughput", "unbound", 0); u != nil {
+		fmt.Fprintf(w, "Unbound forwards rather than caches: its cache hits over all rounds: %d; the upstream counted %s queries per answered query.\n\n",
+			u.ForwarderCacheHits, num(float64(u.UpstreamShare), 3))
+	}
+	fmt.Fprintf(w, "| ratio (medians of this run) | value |\n|---|---:|\n")
+	for _, r := range rs {
+		fmt.Fprintf(w, "| %s | %s |\n", r.Name, num(float64(r.Value), 2))
+	}
+	fmt.Fprintln(w)
+}
+
+func writeLatency(w io.Writer, ss []Summary) {
+	var rows []Summary
+	for _, s := range ss {
+		if s.Kind == "latency" {
+			rows = append(rows, s)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "## Latency at a fixed offered rate (`dnsperf -Q %s`, half of forward UDP's median QPS)\n\n", num(rows[0].OfferedQPS, 0))
+	fmt.Fprintf(w, "| mode | QPS | lost | not NOERROR | p50 ms | p99 ms | CPU µs/query |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range rows {
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %s | %s |\n", label(s.Mode), num(s.QPS, 0), s.Lost, s.NotNoerror,
+			num(s.P50ms, 3), num(s.P99ms, 3), num(s.CPUus, 1))
+	}
+	fmt.Fprintln(w)
+}
+
+func writeChurn(w io.Writer, ss []Summary) {
+	var rows []Summary
+	for _, s := range ss {
+		if s.Kind == "churn" {
+			rows = append(rows, s)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "## Churn (upstream closes each connection after N answers)\n\n")
+	fmt.Fprintf(w, "The upstream here is bench/cmd/fakedot (dot/dottest as a process), since no real server "+
+		"can be told to close every connection after N answers; N = 0 is the same server without churn. "+
+		"Handshakes and resumptions are the fake server's counters over the measured run (after warm-up, "+
+		"so every one is a reconnect); dotforward's own `coredns_dotforward_handshakes_total` agrees "+
+		"where shown.\n\n")
+	fmt.Fprintf(w, "| mode | N | QPS | QPS vs no churn | lost | not NOERROR | p99 ms | CPU µs/query | handshakes / 1k queries | resumed | resumed (metrics) | replays |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range rows {
+		vs := "–"
+		if s.CloseAfter > 0 {
+			if base := find(ss, "churn", s.Mode, 0); base != nil {
+				vs = num(100*(s.QPS/base.QPS-1), 1) + " %"
+			}
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %d | %d | %s | %s | %s | %s | %s | %d |\n", label(s.Mode), s.CloseAfter,
+			num(s.QPS, 0), vs, s.Lost, s.NotNoerror, num(s.P99ms, 2), num(s.CPUus, 1),
+			num(float64(s.HandshakesPer1k), 2), pct(float64(s.ResumedShare)), pct(float64(s.MetricResumedShare)), s.Replays)
+	}
+	fmt.Fprintln(w)
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return num(100*v, 1) + " %"
+}
+
+func writeRounds(w io.Writer, runs []Run) {
+	fmt.Fprintf(w, "<details><summary>Every run</summary>\n\n")
+	fmt.Fprintf(w, "| kind | mode | N | round | QPS | sent | completed | lost | not NOERROR | p50 ms | p99 ms | CPU µs/q | RSS MB | conns mid/max | upstream q | handshakes | resumed |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range runs {
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %d | %d | %d | %s | %s | %s | %s | %d/%d | %d | %d | %d |\n",
+			r.Kind, r.Mode, r.CloseAfter, r.Round, num(r.QPS, 0), r.Sent, r.Completed, r.Lost, r.NotNoerror,
+			num(r.P50ms, 3), num(r.P99ms, 3), num(r.CPUusPerQuery, 1), num(float64(r.RSSkB)/1024, 0),
+			r.ConnsMid, r.ConnsMax, r.UpstreamQueries, r.Handshakes, r.Resumed)
+	}
+	fmt.Fprintf(w, "\n</details>\n\n")
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"math"
+	"slices"
+)
+
+// modeOrder is the order of modes in tables and the chart.
+var modeOrder = []string{"whoami", "fwd-udp", "fwd-tls", "dotforward", "unbound"}
+
+// modeLabel describes each mode for readers of the report.
+var modeLabel = map[string]string{
+	"whoami":     "CoreDNS whoami (no forwarding)",
+	"fwd-udp":    "CoreDNS forward, UDP",
+	"fwd-tls":    "CoreDNS forward, tls://",
+	"dotforward": "CoreDNS dotforward, tls://",
+	"unbound":    "Unbound forward-tls-upstream",
+}
+
+// Summary aggregates the rounds of one kind, mode (and churn setting).
+type Summary struct {
+	Kind       string  `json:"kind"`
+	Mode       string  `json:"mode"`
+	CloseAfter int     `json:"close_after"`
+	Rounds     int     `json:"rounds"`
+	OfferedQPS float64 `json:"offered_qps,omitempty"`
+	QPS        float64 `json:"qps_median"`
+	QPSMin     float64 `json:"qps_min"`
+	QPSMax     float64 `json:"qps_max"`
+	Lost       int64   `json:"lost_total"`
+	NotNoerror int64   `json:"not_noerror_total"`
+	P50ms      float64 `json:"p50_ms_median"`
+	P99ms      float64 `json:"p99_ms_median"`
+	CPUus      float64 `json:"cpu_us_per_query_median"`
+	RSSMB      float64 `json:"rss_mb_max"`
+	ConnsMid   int     `json:"upstream_conns_mid_max"`
+	ConnsMax   int     `json:"upstream_conns_max"`
+	// UpstreamShare is the upstream's query count over the answered queries (1.0:
+	// every query was forwarded once).
+	UpstreamShare      F     `json:"upstream_share"`
+	ForwarderCacheHits int64 `json:"forwarder_cache_hits_total"`
+	HandshakesPer1k    F     `json:"handshakes_per_1k_queries"`
+	ResumedShare       F     `json:"resumed_share"`
+	MetricResumedShare F     `json:"metric_resumed_share"`
+	Replays            int64 `json:"replays_total"`
+}
+
+type groupKey struct {
+	kind, mode string
+	closeAfter int
+}
+
+// summarize groups runs by kind, mode and churn setting, in mode order.
+func summarize(runs []Run) []Summary {
+	groups := map[groupKey][]Run{}
+	var keys []groupKey
+	for _, r := range runs {
+		k := groupKey{r.Kind, r.Mode, r.CloseAfter}
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	rank := func(m string) int {
+		if i := slices.Index(modeOrder, m); i >= 0 {
+			return i
+		}
+		return len(modeOrder)
+	}
+	kindRank := map[string]int{"throughput": 0, "latency": 1, "churn": 2}
+	slices.SortStableFunc(keys, func(a, b groupKey) int {
+		if d := kindRank[a.kind] - kindRank[b.kind]; d != 0 {
+			return d
+		}
+		if d := rank(a.mode) - rank(b.mode); d != 0 {
+			return d
+		}
+		return b.closeAfter - a.closeAfter
+	})
+	out := make([]Summary, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, summarizeGroup(k, groups[k]))
+	}
+	return out
+}
+
+func summarizeGroup(k groupKey, rs []Run) Summary {
+	s := Summary{Kind: k.kind, Mode: k.mode, CloseAfter: k.closeAfter, Rounds: len(rs)}
+	var qps, p50, p99, cpu, offered []float64
+	var completed, upstream, hs, resumed, mhs, mres int64
+	s.QPSMin = math.Inf(1)
+	for _, r := range rs {
+		qps = append(qps, r.QPS)
+		p50 = append(p50, r.P50ms)
+		p99 = append(p99, r.P99ms)
+		cpu = append(cpu, r.CPUusPerQuery)
+		offered = append(offered, r.OfferedQPS)
+		s.QPSMin = math.Min(s.QPSMin, r.QPS)
+		s.QPSMax = math.Max(s.QPSMax, r.QPS)
+		s.Lost += r.Lost
+		s.NotNoerror += r.NotNoerror
+		s.RSSMB = math.Max(s.RSSMB, float64(r.RSSkB)/1024)
+		s.ConnsMid = max(s.ConnsMid, r.ConnsMid)
+		s.ConnsMax = max(s.ConnsMax, r.ConnsMax)
+		s.ForwarderCacheHits += r.ForwarderCacheHits
+		s.Replays += r.Replays
+		completed += r.Completed
+		upstream += r.UpstreamQueries
+		hs += r.Handshakes
+		resumed += r.Resumed
+		mhs += r.MetricHandshakes
+		mres += r.MetricResumed
+	}
+	s.QPS, s.P50ms, s.P99ms, s.CPUus, s.OfferedQPS = median(qps), median(p50), median(p99), median(cpu), median(offered)
+	s.UpstreamShare = F(ratio(float64(upstream), float64(completed)))
+	s.HandshakesPer1k = F(ratio(float64(hs)*1000, float64(completed)))
+	s.ResumedShare = F(ratio(float64(resumed), float64(hs)))
+	s.MetricResumedShare = F(ratio(float64(mres), float64(mhs)))
+	return s
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
+		return math.NaN()
+	}
+	return a / b
+}
+
+func find(ss []Summary, kind, mode string, closeAfter int) *Summary {
+	for i := range ss {
+		if ss[i].Kind == kind && ss[i].Mode == mode && ss[i].CloseAfter == closeAfter {
+			return &ss[i]
+		}
+	}
+	return nil
+}
+
+// Target is one of issue 5's performance targets, checked against this run.
+type Target struct {
+	Name  string  `json:"name"`
+	Value F       `json:"value"` // NaN (null in JSON) when not measured
+	Op    string  `json:"op"`    // ">=" or "<="
+	Limit float64 `json:"limit"`
+	Pass  bool    `json:"pass"`
+}
+
+// Ratio is a ratio between two modes of the throughput run.
+type Ratio struct {
+	Name  string `json:"name"`
+	Value F      `json:"value"`
+}
+
+func throughputRatios(ss []Summary) []Ratio {
+	get := func(mode string) *Summary { return find(ss, "throughput", mode, 0) }
+	qps := func(a, b string) float64 {
+		x, y := get(a), get(b)
+		if x == nil || y == nil {
+			return math.NaN()
+		}
+		return ratio(x.QPS, y.QPS)
+	}
+	cpu := func(a, b string) float64 {
+		x, y := get(a), get(b)
+		if x == nil || y == nil {
+			return math.NaN()
+		}
+		return ratio(x.CPUus, y.CPUus)
+	}
+	return []Ratio{
+		{"QPS dotforward / forward tls://", F(qps("dotforward", "fwd-tls"))},
+		{"QPS dotforward / forward UDP", F(qps("dotforward", "fwd-udp"))},
+		{"QPS dotforward / Unbound", F(qps("dotforward", "unbound"))},
+		{"QPS forward tls:// / forward UDP", F(qps("fwd-tls", "fwd-udp"))},
+		{"QPS Unbound / forward UDP", F(qps("unbound", "fwd-udp"))},
+		{"CPU per query dotforward / forward UDP", F(cpu("dotforward", "fwd-udp"))},
+		{"CPU per query dotforward / forward tls://", F(cpu("dotforward", "fwd-tls"))},
+		{"CPU per query dotforward / whoami", F(cpu("dotforward", "whoami"))},
+		{"CPU per query forward UDP / whoami", F(cpu("fwd-udp", "whoami"))},
+	}
+}
+
+func targets(ss []Summary, rs []Ratio) []Target {
+	byName := map[string]F{}
+	for _, r := range rs {
+		byName[r.Name] = r.Value
+	}
+	nan := F(math.NaN())
+	conns, lost := nan, nan
+	if d := find(ss, "throughput", "dotforward", 0); d != nil {
+		conns, lost = F(d.ConnsMax), F(d.Lost+d.NotNoerror)
+	}
+	resumed, churnLost := nan, nan
+	if c := churnSummary(ss, "dotforward"); c != nil {
+		resumed, churnLost = c.ResumedShare, F(c.Lost+c.NotNoerror)
+	}
+	ts := []Target{
+		{Name: "QPS dotforward / forward tls://", Value: byName["QPS dotforward / forward tls://"], Op: ">=", Limit: 1.6},
+		{Name: "QPS dotforward / forward UDP", Value: byName["QPS dotforward / forward UDP"], Op: ">=", Limit: 1.1},
+		{Name: "QPS dotforward / Unbound", Value: byName["QPS dotforward / Unbound"], Op: ">=", Limit: 1.0},
+		{Name: "CPU per query dotforward / forward UDP", Value: byName["CPU per query dotforward / forward UDP"], Op: "<=", Limit: 0.75},
+		{Name: "dotforward upstream connections (max sampled)", Value: conns, Op: "<=", Limit: 4},
+		{Name: "dotforward lost + failed queries", Value: lost, Op: "<=", Limit: 0},
+		{Name: "churn: share of reconnect handshakes resumed", Value: resumed, Op: ">=", Limit: 0.95},
+		{Name: "churn: dotforward lost + failed queries", Value: churnLost, Op: "<=", Limit: 0},
+	}
+	for i := range ts {
+		t := &ts[i]
+		switch {
+		case math.IsNaN(float64(t.Value)):
+		case t.Op == ">=":
+			t.Pass = float64(t.Value) >= t.Limit
+		default:
+			t.Pass = float64(t.Value) <= t.Limit
+		}
+	}
+	return ts
+}
+
+// churnSummary is the churn run of mode against the closing upstream.
+func churnSummary(ss []Summary, mode string) *Summary {
+	for i := range ss {
+		if ss[i].Kind == "churn" && ss[i].Mode == mode && ss[i].CloseAfter > 0 {
+			return &ss[i]
+		}
+	}
+	return nil
+}

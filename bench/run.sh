@@ -1,0 +1,389 @@
+#!/usr/bin/env bash
+# bench/run.sh (make bench): measures dotforward against CoreDNS forward (UDP and
+# tls://) and Unbound's forward-tls-upstream, side by side in one run with dnsperf,
+# all on 127.0.0.1, and writes bench/results/{results.md,results.json,chart.svg}.
+#
+# Phases: throughput (every mode, interleaved rounds), latency at a fixed offered
+# rate, churn (an upstream closing each connection after N answers), a CPU profile
+# of the dotforward mode, and the Go micro-benchmarks of dot/.
+#
+# Knobs (environment):
+#   BENCH_SECONDS=8     length of each measured dnsperf run
+#   BENCH_ROUNDS=3      interleaved rounds per phase
+#   BENCH_WARMUP=2      dnsperf warm-up before each measured run (not recorded)
+#   BENCH_CLIENTS=20 BENCH_INFLIGHT=200   dnsperf -c and -q
+#   BENCH_MODES="whoami fwd-udp fwd-tls dotforward unbound"
+#   BENCH_PHASES="throughput latency churn profile micro"
+#   BENCH_CHURN_AFTER=100   answers per connection in the churn run
+#   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
+#   BENCH_PORT_BASE=25300   ports BASE+1..BASE+31 on 127.0.0.1
+#   BENCH_COREDNS=./coredns BENCH_RESULTS=bench/results
+# A quick smoke run: BENCH_SECONDS=3 BENCH_ROUNDS=1 BENCH_WARMUP=1 bash bench/run.sh
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+
+BENCH_SECONDS=${BENCH_SECONDS:-8}
+BENCH_ROUNDS=${BENCH_ROUNDS:-3}
+BENCH_WARMUP=${BENCH_WARMUP:-2}
+BENCH_CLIENTS=${BENCH_CLIENTS:-20}
+BENCH_INFLIGHT=${BENCH_INFLIGHT:-200}
+BENCH_MODES=${BENCH_MODES:-whoami fwd-udp fwd-tls dotforward unbound}
+BENCH_PHASES=${BENCH_PHASES:-throughput latency churn profile micro}
+BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
+BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
+BENCH_NAMES=${BENCH_NAMES:-100000}
+UNBOUND_THREADS=${BENCH_UNBOUND_THREADS:-1}
+BASE=${BENCH_PORT_BASE:-25300}
+COREDNS=${BENCH_COREDNS:-$ROOT/coredns}
+RESULTS=${BENCH_RESULTS:-$ROOT/bench/results}
+WORK=$ROOT/bench/work
+
+ZONE=bench.test
+ANSWER=192.0.2.1
+SERVER_NAME=bench.dot.test
+UDP_PORT=$((BASE + 1))     # upstream, plain DNS (UDP and TCP)
+DOT_PORT=$((BASE + 2))     # upstream, DoT
+CTL_PORT=$((BASE + 3))     # upstream, unbound-control
+FRONT_PORT=$((BASE + 10))  # CoreDNS under test
+METRICS_PORT=$((BASE + 11)) # its prometheus endpoint (churn runs)
+PPROF_PORT=$((BASE + 12))  # its pprof endpoint
+FWD_PORT=$((BASE + 20))    # Unbound forwarder under test
+FWD_CTL_PORT=$((BASE + 21))
+FAKE_PORT=$((BASE + 30))   # fakedot (churn upstream)
+FAKE_STATS_PORT=$((BASE + 31))
+METRICS_LINE=""
+UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
+CLK_TCK=$(getconf CLK_TCK)
+
+has_phase() { [[ " $BENCH_PHASES " == *" $1 "* ]]; }
+has_mode() { [[ " $BENCH_MODES " == *" $1 "* ]]; }
+
+preflight() {
+	local t missing=()
+	for t in unbound unbound-control unbound-checkconf dnsperf dig openssl ss go timeout getconf awk sed; do
+		command -v "$t" >/dev/null 2>&1 || missing+=("$t")
+	done
+	[ ${#missing[@]} -eq 0 ] || die "missing tools: ${missing[*]} (scripts/install-deps.sh installs them)"
+	[ -x "$COREDNS" ] || die "no CoreDNS binary at $COREDNS (make build writes ./coredns)"
+	if has_mode dotforward && ! "$COREDNS" -plugins | grep -Eq '(^|[ .])dotforward$'; then
+		die "$COREDNS has no dotforward plugin; build it with make build, or set BENCH_MODES without dotforward"
+	fi
+	local p
+	for p in $UDP_PORT $DOT_PORT $CTL_PORT $FRONT_PORT $METRICS_PORT $PPROF_PORT $FWD_PORT $FWD_CTL_PORT $FAKE_PORT $FAKE_STATS_PORT; do
+		port_free "$p" || die "port $p on 127.0.0.1 is in use; set BENCH_PORT_BASE to a free range"
+	done
+}
+
+# make_certs writes a CA and a leaf for 127.0.0.1 and $SERVER_NAME (ECDSA P-256).
+make_certs() {
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+		-keyout "$WORK/ca.key" -out "$WORK/ca.pem" -subj "/CN=dotforward bench CA" \
+		-addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>"$WORK/openssl.err"
+	openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+		-keyout "$WORK/leaf.key" -out "$WORK/leaf.csr" -subj "/CN=$SERVER_NAME" 2>>"$WORK/openssl.err"
+	printf 'subjectAltName=DNS:%s,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature\nbasicConstraints=CA:FALSE\n' \
+		"$SERVER_NAME" >"$WORK/leaf.ext"
+	openssl x509 -req -in "$WORK/leaf.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial \
+		-days 2 -extfile "$WORK/leaf.ext" -out "$WORK/leaf.pem" 2>>"$WORK/openssl.err"
+	openssl verify -CAfile "$WORK/ca.pem" "$WORK/leaf.pem" >/dev/null || die "generated leaf does not verify against the CA"
+}
+
+# make_queries writes $BENCH_NAMES distinct names under the bench zone.
+make_queries() {
+	awk -v n="$BENCH_NAMES" -v z="$ZONE" 'BEGIN { for (i = 1; i <= n; i++) printf "q%06d.%s A\n", i, z }' >"$WORK/queries.txt"
+}
+
+start_upstream() {
+	render bench/conf/upstream.conf.in "$WORK/upstream.conf"
+	unbound-checkconf "$WORK/upstream.conf" >/dev/null || die "unbound-checkconf rejected $WORK/upstream.conf"
+	start_bg upstream unbound -d -c "$WORK/upstream.conf"
+	UPSTREAM_PID=$BG_PID
+	wait_dns "$UPSTREAM_PID" upstream "$UDP_PORT" || die "upstream unbound did not start"
+	wait_tcp "$UPSTREAM_PID" upstream "$DOT_PORT" || die "upstream unbound does not listen for DoT"
+	log "upstream unbound PID $UPSTREAM_PID: UDP/TCP :$UDP_PORT, DoT :$DOT_PORT"
+}
+
+# start_fake CLOSE_AFTER: fakedot as the upstream for a churn run.
+start_fake() {
+	start_bg fakedot "$WORK/fakedot" -addr "127.0.0.1:$FAKE_PORT" -stats "127.0.0.1:$FAKE_STATS_PORT" \
+		-cert "$WORK/leaf.pem" -key "$WORK/leaf.key" -close-after "$1" -lifetime 10m
+	FAKE_PID=$BG_PID
+	wait_tcp "$FAKE_PID" fakedot "$FAKE_STATS_PORT" || die "fakedot did not start"
+}
+
+# fake_stat KEY: one counter of fakedot.
+fake_stat() {
+	http_get "$FAKE_STATS_PORT" /stats | awk -F= -v k="$1" '$1 == k { print $2 }'
+}
+
+# metric_sum NAME [LABEL_FILTER]: sum of a CoreDNS metric's samples (optionally only
+# lines containing LABEL_FILTER).
+metric_sum() {
+	http_get "$METRICS_PORT" /metrics | awk -v n="$1" -v f="${2:-}" '
+		index($0, n) == 1 && (substr($0, length(n) + 1, 1) == "{" || substr($0, length(n) + 1, 1) == " ") && (f == "" || index($0, f)) { s += $NF }
+		END { printf "%d\n", s }'
+}
+
+# start_front MODE: starts the forwarder under test; sets FRONT_PID, FRONT_NAME, FRONT_QPORT.
+start_front() {
+	local mode=$1
+	if [ "$mode" = unbound ]; then
+		render bench/conf/forwarder.conf.in "$WORK/forwarder.conf"
+		unbound-checkconf "$WORK/forwarder.conf" >/dev/null || die "unbound-checkconf rejected $WORK/forwarder.conf"
+		FRONT_NAME=forwarder
+		start_bg "$FRONT_NAME" unbound -d -c "$WORK/forwarder.conf"
+		FRONT_QPORT=$FWD_PORT
+	else
+		render "bench/conf/$mode.Corefile" "$WORK/$mode.Corefile"
+		FRONT_NAME=coredns-$mode
+		start_bg "$FRONT_NAME" "$COREDNS" -conf "$WORK/$mode.Corefile"
+		FRONT_QPORT=$FRONT_PORT
+	fi
+	FRONT_PID=$BG_PID
+	wait_dns "$FRONT_PID" "$FRONT_NAME" "$FRONT_QPORT" || die "$mode did not answer"
+}
+
+# dnsperf_run OUT SECONDS [dnsperf args...]: one bounded dnsperf run against the
+# front; its PID is recorded so the EXIT trap can stop it.
+dnsperf_run() {
+	local out=$1 secs=$2
+	shift 2
+	timeout $((secs + 30)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "$WORK/queries.txt" \
+		-c "$BENCH_CLIENTS" -q "$BENCH_INFLIGHT" -l "$secs" "$@" >"$out" 2>&1 &
+	DNSPERF_PID=$!
+	PIDS+=("$DNSPERF_PID")
+}
+
+dnsperf_wait() {
+	local rc=0
+	wait "$DNSPERF_PID" || rc=$?
+	local kept=() p
+	for p in "${PIDS[@]}"; do [ "$p" = "$DNSPERF_PID" ] || kept+=("$p"); done
+	PIDS=("${kept[@]}")
+	return $rc
+}
+
+# measure KIND MODE ROUND [dnsperf args...]: one recorded run of MODE, appended to
+# raw.jsonl. The front (and, for churn, fakedot) starts fresh for every run.
+measure() {
+	local kind=$1 mode=$2 round=$3
+	shift 3
+	local conn_port=$DOT_PORT kv=() close_after=0
+	if [ "$kind" = churn ]; then
+		close_after=$CHURN_CLOSE_AFTER
+		start_fake "$close_after"
+		conn_port=$FAKE_PORT
+		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
+		METRICS_LINE="prometheus 127.0.0.1:$METRICS_PORT"
+	else
+		UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
+		METRICS_LINE=""
+	fi
+	start_front "$mode"
+
+	local tag="$kind-$mode-n$close_after-r$round"
+	# A short query timeout for the warm-up: it should not wait 5 s for a lost query.
+	dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 "$@"
+	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
+	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during warm-up"
+
+	local up0 fq0=0 fh0=0 hs0=0 res0=0 mhs0=0 mres0=0 rep0=0
+	up0=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
+	if [ "$mode" = unbound ]; then
+		fq0=$(unbound_counter "$WORK/forwarder.conf" total.num.queries)
+		fh0=$(unbound_counter "$WORK/forwarder.conf" total.num.cachehits)
+	fi
+	if [ "$kind" = churn ]; then
+		up0=$(fake_stat queries)
+		hs0=$(fake_stat handshakes)
+		res0=$(fake_stat resumed)
+		if [ "$mode" = dotforward ]; then
+			mhs0=$(metric_sum coredns_dotforward_handshakes_total)
+			mres0=$(metric_sum coredns_dotforward_handshakes_total 'resumed="true"')
+			rep0=$(metric_sum coredns_dotforward_replays_total)
+		fi
+	fi
+	local c0 c1
+	c0=$(cpu_ticks "$FRONT_PID")
+
+	dnsperf_run "$WORK/$tag.out" "$BENCH_SECONDS" -v "$@"
+	# Sample the upstream connections at 1/4, 1/2 and 3/4 of the run.
+	local q=$((BENCH_SECONDS * 250)) i n mid=0 most=0
+	for i in 1 2 3; do
+		sleep "$(awk -v ms="$q" 'BEGIN { printf "%.3f", ms / 1000 }')"
+		n=$(est_conns "$conn_port")
+		[ "$i" = 2 ] && mid=$n
+		[ "$n" -gt "$most" ] && most=$n
+	done
+	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
+	c1=$(cpu_ticks "$FRONT_PID")
+	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during the run"
+
+	local up1 upq fq=0 fh=0
+	up1=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
+	if [ "$mode" = unbound ]; then
+		fq=$(($(unbound_counter "$WORK/forwarder.conf" total.num.queries) - fq0))
+		fh=$(($(unbound_counter "$WORK/forwarder.conf" total.num.cachehits) - fh0))
+	fi
+	if [ "$kind" = churn ]; then
+		up1=$(fake_stat queries)
+		kv+=(-kv "handshakes=$(($(fake_stat handshakes) - hs0))" -kv "resumed=$(($(fake_stat resumed) - res0))")
+		if [ "$mode" = dotforward ]; then
+			kv+=(-kv "metric_handshakes=$(($(metric_sum coredns_dotforward_handshakes_total) - mhs0))")
+			kv+=(-kv "metric_resumed=$(($(metric_sum coredns_dotforward_handshakes_total 'resumed="true"') - mres0))")
+			kv+=(-kv "replays=$(($(metric_sum coredns_dotforward_replays_total) - rep0))")
+		fi
+	fi
+	upq=$((up1 - up0))
+	[ "$mode" = whoami ] && upq=0
+
+	"$WORK/benchtool" parse -in "$WORK/$tag.out" -kv "kind=$kind" -kv "mode=$mode" -kv "round=$round" \
+		-kv "close_after=$close_after" -kv "offered_qps=${OFFERED_QPS:-0}" \
+		-kv "cpu_ticks=$((c1 - c0))" -kv "clk_tck=$CLK_TCK" -kv "rss_kb=$(rss_peak_kb "$FRONT_PID")" \
+		-kv "conns_mid=$mid" -kv "conns_max=$most" -kv "upstream_queries=$upq" \
+		-kv "forwarder_queries=$fq" -kv "forwarder_cache_hits=$fh" "${kv[@]}" >>"$WORK/raw.jsonl" ||
+		die "could not parse $WORK/$tag.out"
+	stop_pid "$FRONT_PID"
+	if [ "$kind" = churn ]; then stop_pid "$FAKE_PID"; fi
+	log "$(tail -n 1 "$WORK/raw.jsonl" | awk -v t="$tag" '{
+		match($0, /"qps":[0-9.e+-]+/); q = substr($0, RSTART + 6, RLENGTH - 6)
+		match($0, /"cpu_us_per_query":[0-9.e+-]+/); c = substr($0, RSTART + 19, RLENGTH - 19)
+		match($0, /"lost":[0-9.e+-]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
+		printf "%-34s %8.0f qps  lost %s  cpu %.1f us/q", t, q, l, c }')"
+}
+
+# rotated ROUND WORDS...: WORDS rotated left by ROUND-1, so that no mode always
+# runs first (or right after a given other one) in every round.
+rotated() {
+	local r=$1
+	shift
+	local a=("$@") n=$# i
+	for ((i = 0; i < n; i++)); do printf '%s ' "${a[(i + r - 1) % n]}"; done
+}
+
+phase_throughput() {
+	local r m
+	for ((r = 1; r <= BENCH_ROUNDS; r++)); do
+		log "throughput round $r/$BENCH_ROUNDS"
+		for m in $(rotated "$r" $BENCH_MODES); do measure throughput "$m" "$r"; done
+	done
+}
+
+phase_latency() {
+	local r m half
+	has_mode fwd-udp || { log "latency phase needs mode fwd-udp for its rate; skipped"; return; }
+	half=$("$WORK/benchtool" median -in "$WORK/raw.jsonl" -kind throughput -mode fwd-udp -field qps)
+	OFFERED_QPS=$((half / 2))
+	for ((r = 1; r <= BENCH_ROUNDS; r++)); do
+		log "latency round $r/$BENCH_ROUNDS at $OFFERED_QPS qps offered"
+		for m in $(rotated "$r" $BENCH_MODES); do
+			[ "$m" = whoami ] && continue
+			measure latency "$m" "$r" -Q "$OFFERED_QPS"
+		done
+	done
+	OFFERED_QPS=0
+}
+
+phase_churn() {
+	local r m n
+	for ((r = 1; r <= BENCH_ROUNDS; r++)); do
+		log "churn round $r/$BENCH_ROUNDS (fakedot closing after $BENCH_CHURN_AFTER answers, and not at all)"
+		for m in $(rotated "$r" $BENCH_CHURN_MODES); do
+			has_mode "$m" || continue
+			for n in "$BENCH_CHURN_AFTER" 0; do
+				CHURN_CLOSE_AFTER=$n
+				measure churn "$m" "$r"
+			done
+		done
+	done
+}
+
+# phase_profile takes a CPU profile of CoreDNS in dotforward mode under the
+# throughput load (not a measured run) and keeps pprof's top functions.
+phase_profile() {
+	has_mode dotforward || return 0
+	local secs=$((BENCH_SECONDS > 4 ? BENCH_SECONDS - 2 : 2))
+	UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
+	METRICS_LINE=""
+	start_front dotforward
+	log "profiling dotforward for $secs s"
+	dnsperf_run "$WORK/profile.dnsperf" $((secs + 3))
+	sleep 1
+	timeout $((secs + 30)) go tool pprof -seconds "$secs" -proto -output "$WORK/dotforward.pprof" \
+		"http://127.0.0.1:$PPROF_PORT/debug/pprof/profile" >"$WORK/pprof.err" 2>&1 || true
+	dnsperf_wait || true
+	stop_pid "$FRONT_PID"
+	if timeout 60 go tool pprof -top -nodecount=35 "$COREDNS" "$WORK/dotforward.pprof" >"$WORK/profile.txt" 2>>"$WORK/pprof.err"; then
+		cp "$WORK/dotforward.pprof" "$RESULTS/dotforward.cpu.pprof"
+	else
+		log "no CPU profile: $(tail -2 "$WORK/pprof.err")"
+		: >"$WORK/profile.txt"
+	fi
+}
+
+phase_micro() {
+	log "Go micro-benchmarks of dot/"
+	if ! timeout 600 go test -run '^$' -bench . -benchmem -timeout 8m ./dot/... >"$WORK/micro.txt" 2>&1; then
+		log "micro-benchmarks failed: $(tail -5 "$WORK/micro.txt")"
+		echo "(go test -bench failed; see the output above)" >>"$WORK/micro.txt"
+	fi
+}
+
+write_machine() {
+	{
+		echo "nproc=$(nproc)"
+		echo "cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
+		echo "kernel=$(uname -r)"
+		echo "go=$(go version | awk '{ print $3 }')"
+		echo "coredns=$("$COREDNS" -version 2>/dev/null | head -1)"
+		echo "unbound=unbound $(unbound -V | awk '/^Version/ { print $2 }')"
+		echo "dnsperf=dnsperf $(dnsperf -h 2>&1 | awk '/^Version/ { print $2 }')"
+		echo "dnsperf_args=-c $BENCH_CLIENTS -q $BENCH_INFLIGHT -l $BENCH_SECONDS"
+		echo "queries=$BENCH_NAMES"
+		echo "rounds=$BENCH_ROUNDS"
+		echo "seconds=$BENCH_SECONDS"
+		echo "warmup=$BENCH_WARMUP"
+		echo "zone=$ZONE"
+		echo "upstream_threads=1 thread"
+		echo "unbound_forwarder_threads=$UNBOUND_THREADS"
+		echo "modes=$BENCH_MODES"
+	} >"$WORK/machine.env"
+}
+
+main() {
+	preflight
+	rm -rf "$WORK"
+	mkdir -p "$WORK" "$RESULTS"
+	trap cleanup EXIT
+	trap 'exit 130' INT TERM
+	log "building bench tools"
+	go build -o "$WORK/benchtool" ./bench/cmd/benchtool
+	go build -o "$WORK/fakedot" ./bench/cmd/fakedot
+	make_certs
+	make_queries
+	: >"$WORK/raw.jsonl"
+	start_upstream
+	write_machine
+
+	has_phase throughput && phase_throughput
+	has_phase latency && phase_latency
+	has_phase churn && phase_churn
+	: >"$WORK/profile.txt"
+	has_phase profile && phase_profile
+	: >>"$WORK/micro.txt"
+	has_phase micro && phase_micro
+
+	local hits
+	hits=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
+	log "upstream answered $hits queries in all"
+	"$WORK/benchtool" report -in "$WORK/raw.jsonl" -out "$RESULTS" -machine "$WORK/machine.env" \
+		-micro "$WORK/micro.txt" -profile "$WORK/profile.txt"
+	cp "$WORK/raw.jsonl" "$RESULTS/raw.jsonl"
+	log "results in $RESULTS/results.md"
+}
+
+main "$@"
