@@ -101,12 +101,27 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 	u.inflight.Add(-1)
 	u.obs.end(took, ret)
 	if err != nil {
-		u.failed(err, took)
+		// When the caller's deadline or cancellation cut the attempt short, the
+		// pool may report it as its own timeout: neither says anything about the
+		// upstream, so only failures with time left count.
+		if !callerExpired(ctx) {
+			u.failed(err, took)
+		}
 		return nil, err
 	}
 	u.markUp()
 	u.observeRTT(took)
 	return ret, nil
+}
+
+// callerExpired reports whether ctx is done or past its deadline (the pool's
+// sweeper can time a call out at the deadline just before ctx notices).
+func callerExpired(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // failed records a failed exchange. The client's deadline or cancellation and a
