@@ -62,7 +62,7 @@ type conn struct {
 	tc     *tls.Conn
 	br     *bufio.Reader // reader goroutine only
 	bw     *bufio.Writer // writer goroutine only
-	writeq chan *call    // cap MaxInflight >= live calls, so a send never blocks
+	writeq chan *call    // cap MaxInflight; sends never block (see register)
 	done   chan struct{} // closed when the connection is closed
 	born   int64         // unix ns
 
@@ -131,8 +131,20 @@ func (c *conn) register(cl *call) bool {
 	}
 	c.mu.Unlock()
 	c.lastUsed.Store(nanotime())
-	c.writeq <- cl
-	return true
+	select {
+	case c.writeq <- cl:
+		return true
+	default:
+		// Calls abandoned while queued still sit in writeq until the writer skips
+		// them; if a stuck writer let them pile up, go elsewhere rather than block.
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.calls[cl.id] != cl {
+			return true // closeFor got there first and completed it: the caller sees errUnsent
+		}
+		c.removeLocked(cl)
+		return false
+	}
 }
 
 // writeLoop writes queued calls, coalescing everything queued while a write was in
