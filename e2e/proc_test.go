@@ -48,12 +48,21 @@ func startProc(t testing.TB, name string, env []string, bin string, args ...stri
 	}()
 	t.Cleanup(func() {
 		p.kill()
+		for _, bad := range badLogLines {
+			if p.logContains(bad) {
+				t.Errorf("%s logged %q", name, bad)
+			}
+		}
 		if t.Failed() {
 			t.Logf("--- log of %s (pid %d, %s):\n%s", name, cmd.Process.Pid, bin, p.tail(64<<10))
 		}
 	})
 	return p
 }
+
+// badLogLines fail the test when any process it started logs them: a data race
+// (E2E_RACE=1), a Go panic, or a panic CoreDNS recovered from while serving.
+var badLogLines = []string{"WARNING: DATA RACE", "panic: ", "Recovered from panic"}
 
 // kill stops the process by its PID with SIGKILL and waits until it is gone.
 func (p *proc) kill() {

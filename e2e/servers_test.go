@@ -228,21 +228,13 @@ func startFront(t testing.TB, c *certs, o frontOpts) *front {
 	dir := t.TempDir()
 	port, mport := freePort(t), freePort(t)
 	var ups []string
-	opts := o.Options
 	for _, u := range o.Upstreams {
 		host, p, _ := strings.Cut(u, ":")
-		if directive == "forward" {
-			ups = append(ups, "tls://"+u)
-		} else {
-			ups = append(ups, "tls://"+host+"%"+serverName+":"+p)
-		}
-	}
-	if directive == "forward" {
-		opts = append([]string{"tls_servername " + serverName}, opts...)
+		ups = append(ups, "tls://"+host+"%"+serverName+":"+p)
 	}
 	conf := render(t, "front.Corefile.tmpl", dir, "Corefile", map[string]any{
 		"Port": port, "MetricsPort": mport, "Prometheus": o.Prometheus, "Cache": o.Cache,
-		"Directive": directive, "Upstreams": ups, "CA": c.CA, "Options": opts,
+		"Upstreams": ups, "CA": c.CA, "Options": o.Options,
 	})
 	t.Cleanup(func() {
 		if data, err := os.ReadFile(conf); err == nil && t.Failed() {

@@ -1,0 +1,322 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// outcome is one query of a background load.
+type outcome struct {
+	start, end time.Time
+	err        error
+}
+
+// bgLoad is a background load of checked queries, bounded in count and time,
+// recording every query's outcome.
+type bgLoad struct {
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	outcomes []outcome
+	ok, bad  atomic.Int64
+}
+
+// startLoad starts workers goroutines sending checked A queries for the
+// h*.e2e.test names to addr over UDP, until stopped, maxQueries were sent or
+// budget passed.
+func startLoad(t testing.TB, addr string, workers, maxQueries int, budget time.Duration) *bgLoad {
+	l := &bgLoad{stop: make(chan struct{})}
+	deadline := time.Now().Add(budget)
+	var n atomic.Int64
+	for w := range workers {
+		l.wg.Go(func() {
+			for i := w; ; i += workers {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				if n.Add(1) > int64(maxQueries) || time.Now().After(deadline) {
+					return
+				}
+				h := i % hostCount
+				o := outcome{start: time.Now()}
+				r, err := exchange("udp", addr, nil, newQuery(hostName(h), dns.TypeA))
+				if err == nil {
+					err = checkAnswer(r, dns.TypeA, hostAddr(h))
+				}
+				o.end, o.err = time.Now(), err
+				l.record(o)
+			}
+		})
+	}
+	t.Cleanup(l.halt)
+	return l
+}
+
+func (l *bgLoad) record(o outcome) {
+	if o.err == nil {
+		l.ok.Add(1)
+	} else {
+		l.bad.Add(1)
+	}
+	l.mu.Lock()
+	l.outcomes = append(l.outcomes, o)
+	l.mu.Unlock()
+}
+
+// halt stops the load and waits for its queries to finish. It may be called twice.
+func (l *bgLoad) halt() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// results returns the outcomes so far (all of them once halted).
+func (l *bgLoad) results() []outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]outcome(nil), l.outcomes...)
+}
+
+// okSince counts the successes among queries started at or after since, and
+// reports whether every query started at or after since succeeded.
+func okSince(outs []outcome, since time.Time) (ok int, allOK bool) {
+	allOK = true
+	for _, o := range outs {
+		if o.start.Before(since) {
+			continue
+		}
+		if o.err != nil {
+			allOK = false
+			continue
+		}
+		ok++
+	}
+	return ok, allOK
+}
+
+// awaitOK waits until the load has at least n successes in total.
+func (l *bgLoad) awaitOK(t testing.TB, n int64, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d answered queries", n), timeout, nil, func() error {
+		if got := l.ok.Load(); got < n {
+			return fmt.Errorf("%d answered, %d failed", got, l.bad.Load())
+		}
+		return nil
+	})
+}
+
+// Background loads in the fault tests.
+const (
+	faultWorkers = 20
+	faultMax     = 200000
+	faultBudget  = 60 * time.Second
+	// resumeTimeout bounds how long traffic may take to recover by itself.
+	resumeTimeout = 10 * time.Second
+	// resumeRun is how many consecutive successes count as traffic resumed.
+	resumeRun = 300
+)
+
+// TestUpstreamRestartUnderLoad kills unbound by its PID while queries stream
+// through dotforward and starts it again on the same port. The queries that fail
+// are at most those in flight when it died (plus those sent while it was down),
+// and traffic resumes by itself, with no client action and no front restart.
+func TestUpstreamRestartUnderLoad(t *testing.T) {
+	c := newCerts(t)
+	u := startUnbound(t, c, unboundOpts{})
+	f := startFront(t, c, frontOpts{Upstreams: []string{u.addr}})
+	load := startLoad(t, f.addr, faultWorkers, faultMax, faultBudget)
+	load.awaitOK(t, 500, 20*time.Second)
+
+	killAt := time.Now()
+	u.kill()
+	// Keep it down until clients notice, or at most 2 s if dotforward hides it.
+	_ = poll(2*time.Second, nil, func() error {
+		if load.bad.Load() == 0 {
+			return fmt.Errorf("no failure yet")
+		}
+		return nil
+	})
+	u.restart(t)
+	back := time.Now()
+
+	var resumedAt time.Time
+	waitFor(t, "traffic to resume after the restart", resumeTimeout, f.p, func() error {
+		outs := load.results()
+		resumedAt = firstRunStart(outs, back, resumeRun)
+		if resumedAt.IsZero() {
+			return fmt.Errorf("no run of %d consecutive answers since the restart", resumeRun)
+		}
+		return nil
+	})
+	load.halt()
+	outs := load.results()
+
+	// Buckets by start time: before the kill (those still unanswered at the kill
+	// were in flight), during the kill and the downtime, after traffic resumed.
+	var inflight, lost, before, down int
+	for _, o := range outs {
+		switch {
+		case o.end.Before(killAt):
+			if o.err != nil {
+				before++
+			}
+		case o.start.Before(killAt):
+			inflight++
+			if o.err != nil {
+				lost++
+			}
+		case o.start.Before(resumedAt) && o.err != nil:
+			down++
+		}
+	}
+	after, allOK := okSince(outs, resumedAt)
+	t.Logf("Restart under load: %d queries, %d in flight at the kill, %d of them lost, %d failed while down or reconnecting; traffic resumed %v after unbound was back, %d answered after that",
+		len(outs), inflight, lost, down, resumedAt.Sub(back).Round(time.Millisecond), after)
+	if before != 0 {
+		t.Errorf("%d queries failed before the upstream was killed", before)
+	}
+	if lost > inflight || inflight > faultWorkers {
+		t.Errorf("%d queries lost at the kill, more than the %d in flight (at most %d clients)", lost, inflight, faultWorkers)
+	}
+	if !allOK {
+		t.Errorf("Queries failed after traffic resumed: %v", firstErrors(outs, resumedAt))
+	}
+}
+
+// firstRunStart returns the start of the first run of n consecutive successful
+// queries (by start time) among those started after since, or zero.
+func firstRunStart(outs []outcome, since time.Time, n int) time.Time {
+	sorted := append([]outcome(nil), outs...)
+	sortByStart(sorted)
+	run := 0
+	var runStart time.Time
+	for _, o := range sorted {
+		if o.start.Before(since) {
+			continue
+		}
+		if o.err != nil {
+			run = 0
+			continue
+		}
+		if run == 0 {
+			runStart = o.start
+		}
+		run++
+		if run >= n {
+			return runStart
+		}
+	}
+	return time.Time{}
+}
+
+func sortByStart(outs []outcome) {
+	slicesSortFunc(outs, func(a, b outcome) int { return a.start.Compare(b.start) })
+}
+
+// firstErrors lists the first few failures of queries started at or after since.
+func firstErrors(outs []outcome, since time.Time) []string {
+	var errs []string
+	for _, o := range outs {
+		if !o.start.Before(since) && o.err != nil && len(errs) < 5 {
+			errs = append(errs, fmt.Sprintf("%v after: %v", o.start.Sub(since).Round(time.Millisecond), o.err))
+		}
+	}
+	return errs
+}
+
+// TestUpstreamIdleCloseShorterThanPool gives unbound a 1 s idle timeout, well under
+// dotforward's: unbound closes the pooled connection between queries. Queries
+// sent after such a close, and queries spaced right around the timeout (when the
+// close may cross the query on the wire), are all answered.
+func TestUpstreamIdleCloseShorterThanPool(t *testing.T) {
+	c := newCerts(t)
+	u := startUnbound(t, c, unboundOpts{IdleTimeoutMS: 1000})
+	f := startFront(t, c, frontOpts{Upstreams: []string{u.addr}, Prometheus: true})
+	to := label("to", u.addr)
+
+	ask := func(i int) {
+		t.Helper()
+		h := i % hostCount
+		r, err := exchange("udp", f.addr, nil, newQuery(hostName(h), dns.TypeA))
+		if err == nil {
+			err = checkAnswer(r, dns.TypeA, hostAddr(h))
+		}
+		if err != nil {
+			t.Errorf("Query %d after an idle gap: %v", i, err)
+		}
+	}
+	// Await unbound's close as dotforward sees it, then ask again.
+	for i := range 3 {
+		closes, _ := metricSum(scrape(t, f.metrics), "coredns_dotforward_conn_closes_total", to)
+		waitFor(t, "unbound to close the idle connection", 10*time.Second, f.p, func() error {
+			if n, _ := metricSum(scrape(t, f.metrics), "coredns_dotforward_conn_closes_total", to); n <= closes {
+				return fmt.Errorf("%v connection closes, still %v", n, closes)
+			}
+			return nil
+		})
+		ask(i)
+	}
+	// Pace queries right around unbound's timeout: a deliberate load shape, not
+	// a wait for a condition.
+	for i, gap := range []time.Duration{900, 950, 1000, 1000, 1050, 1100} {
+		timer := time.NewTimer(gap * time.Millisecond)
+		<-timer.C
+		ask(10 + i)
+	}
+	text := scrape(t, f.metrics)
+	closes, _ := metricSum(text, "coredns_dotforward_conn_closes_total", to)
+	if closes < 3 {
+		t.Errorf("Only %v connection closes seen; unbound's idle timeout did not bite", closes)
+	}
+	t.Logf("Idle closes by unbound, then queries: all answered; dotforward close counts:\n%s", grepLines(text, "coredns_dotforward_conn_closes_total"))
+}
+
+// TestTwoUpstreamsOneStopped forwards to two unbounds and kills one under load:
+// every query is still answered correctly, through the other. Started again, the
+// stopped one gets queries once more.
+func TestTwoUpstreamsOneStopped(t *testing.T) {
+	c := newCerts(t)
+	a := startUnbound(t, c, unboundOpts{})
+	b := startUnbound(t, c, unboundOpts{})
+	f := startFront(t, c, frontOpts{Upstreams: []string{a.addr, b.addr}})
+
+	load := startLoad(t, f.addr, faultWorkers, faultMax, faultBudget)
+	load.awaitOK(t, 500, 20*time.Second)
+	a.kill()
+	killed := time.Now()
+	load.awaitOK(t, load.ok.Load()+2000, 30*time.Second)
+	load.halt()
+	outs := load.results()
+	after, allOK := okSince(outs, time.Time{})
+	if !allOK {
+		t.Fatalf("With one of two upstreams stopped, %d queries failed: %v", load.bad.Load(), firstErrors(outs, time.Time{}))
+	}
+	n, _ := okSince(outs, killed)
+	t.Logf("One of two upstreams killed under load: all %d queries answered, %d of them after the kill", after, n)
+
+	a.restart(t)
+	before := a.stats(t)["total.num.queries"]
+	waitFor(t, "the restarted upstream to get queries again", 20*time.Second, f.p, func() error {
+		res := runLoad("udp", f.addr, 50, 5, 10*time.Second)
+		if res.ok.Load() != 50 {
+			return fmt.Errorf("queries failed: %v", res.errs)
+		}
+		if d := a.stats(t)["total.num.queries"] - before; d == 0 {
+			return fmt.Errorf("no query reached the restarted upstream")
+		}
+		return nil
+	})
+}
+
+var slicesSortFunc = slices.SortFunc[[]outcome, outcome]
