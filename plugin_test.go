@@ -647,3 +647,34 @@ func TestErrorRcode(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkServeDNS measures the handler and pool overhead per query against a
+// local fake upstream, queries in parallel.
+func BenchmarkServeDNS(b *testing.B) {
+	cert, err := dottest.NewCert()
+	if err != nil {
+		b.Fatalf("Generating a test certificate: %v", err)
+	}
+	s := dottest.Start(b, dottest.Options{Cert: cert})
+	ca := writeFile(b, b.TempDir(), "ca.pem", cert.CAPEM)
+	input := fmt.Sprintf("dotforward . tls://%s {\ntls %s\n}", strings.Replace(s.Addr, ":", "%"+dottest.ServerName+":", 1), ca)
+	fs, err := parse(caddy.NewTestController("dns", input))
+	if err != nil {
+		b.Fatalf("Parsing: %v", err)
+	}
+	f := fs[0]
+	if err := f.OnStartup(); err != nil {
+		b.Fatalf("Starting: %v", err)
+	}
+	defer f.OnShutdown()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		m := newMsg("example.org.", dns.TypeA)
+		for pb.Next() {
+			if _, rcode, err := serve(f, m); rcode != dns.RcodeSuccess {
+				b.Errorf("Expected an answer, got rcode %d, error %v", rcode, err)
+				return
+			}
+		}
+	})
+}
