@@ -118,6 +118,12 @@ est_conns() {
 	ss -Htn state established "( dport = :$1 )" 2>/dev/null | wc -l
 }
 
+# udp_rcvbuf_errors: datagrams the kernel dropped because a UDP socket's receive
+# buffer was full, machine-wide (Udp RcvbufErrors in /proc/net/snmp).
+udp_rcvbuf_errors() {
+	awk '$1 == "Udp:" { if (!h) { for (i = 2; i <= NF; i++) if ($i == "RcvbufErrors") c = i; h = 1 } else print $c }' /proc/net/snmp
+}
+
 # unbound_counter CONF NAME: a counter from `unbound-control stats_noreset`; dies
 # when it cannot be read (the checks of who forwarded what depend on it).
 unbound_counter() {

@@ -207,7 +207,8 @@ measure() {
 			rep0=$(metric_sum coredns_dotforward_replays_total)
 		fi
 	fi
-	local c0 c1
+	local c0 c1 drops0
+	drops0=$(udp_rcvbuf_errors)
 	c0=$(cpu_ticks "$FRONT_PID")
 
 	dnsperf_run "$WORK/$tag.out" "$BENCH_SECONDS" -v "$@"
@@ -245,6 +246,7 @@ measure() {
 		-kv "close_after=$close_after" -kv "offered_qps=${OFFERED_QPS:-0}" \
 		-kv "cpu_ticks=$((c1 - c0))" -kv "clk_tck=$CLK_TCK" -kv "rss_kb=$(rss_peak_kb "$FRONT_PID")" \
 		-kv "conns_mid=$mid" -kv "conns_max=$most" -kv "upstream_queries=$upq" \
+		-kv "udp_rcvbuf_errors=$(($(udp_rcvbuf_errors) - drops0))" \
 		-kv "forwarder_queries=$fq" -kv "forwarder_cache_hits=$fh" "${kv[@]}" >>"$WORK/raw.jsonl" ||
 		die "could not parse $WORK/$tag.out"
 	stop_pid "$FRONT_PID"
@@ -313,11 +315,12 @@ phase_profile() {
 	log "profiling dotforward for $secs s"
 	dnsperf_run "$WORK/profile.dnsperf" $((secs + 3))
 	sleep 1
-	timeout $((secs + 30)) go tool pprof -seconds "$secs" -proto -output "$WORK/dotforward.pprof" \
+	PPROF_TMPDIR=$WORK timeout $((secs + 30)) go tool pprof -seconds "$secs" -proto -output "$WORK/dotforward.pprof" \
 		"http://127.0.0.1:$PPROF_PORT/debug/pprof/profile" >"$WORK/pprof.err" 2>&1 || true
 	dnsperf_wait || true
 	stop_pid "$FRONT_PID"
-	if timeout 60 go tool pprof -top -nodecount=35 "$COREDNS" "$WORK/dotforward.pprof" >"$WORK/profile.txt" 2>>"$WORK/pprof.err"; then
+	if timeout 60 go tool pprof -top -nodecount=30 "$COREDNS" "$WORK/dotforward.pprof" >"$WORK/profile.txt" 2>>"$WORK/pprof.err" &&
+		{ echo; echo "Cumulative:"; timeout 60 go tool pprof -top -cum -nodecount=40 "$COREDNS" "$WORK/dotforward.pprof" 2>>"$WORK/pprof.err" | sed '1,/flat%/d'; } >>"$WORK/profile.txt"; then
 		cp "$WORK/dotforward.pprof" "$RESULTS/dotforward.cpu.pprof"
 	else
 		log "no CPU profile: $(tail -2 "$WORK/pprof.err")"

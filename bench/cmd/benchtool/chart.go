@@ -17,13 +17,13 @@ func chartSVG(ss []Summary, machine map[string]string) string {
 		}
 	}
 	const (
-		width   = 960
-		panelW  = 440
-		labelW  = 200
+		width   = 1060
+		panelW  = 500
+		labelW  = 235
 		barH    = 26
 		gap     = 12
-		top     = 70
-		leftPad = 20
+		top     = 92
+		leftPad = 16
 	)
 	height := top + len(rows)*(barH+gap) + 60
 	var b strings.Builder
@@ -42,7 +42,7 @@ func chartSVG(ss []Summary, machine map[string]string) string {
 		if maxV <= 0 || math.IsNaN(maxV) {
 			maxV = 1
 		}
-		fmt.Fprintf(&b, `<text x="%d" y="%d" font-weight="bold">%s</text>`+"\n", x0, top-8, html.EscapeString(title))
+		fmt.Fprintf(&b, `<text x="%d" y="%d" font-weight="bold">%s</text>`+"\n", x0, top-14, html.EscapeString(title))
 		plotX := x0 + labelW
 		plotW := panelW - labelW - 60
 		for i, s := range rows {
@@ -70,7 +70,7 @@ func chartSVG(ss []Summary, machine map[string]string) string {
 	panel(leftPad, "Queries per second (bar: median, whisker: min–max)", func(s Summary) (float64, float64, float64) {
 		return s.QPS, s.QPSMin, s.QPSMax
 	}, "", 0)
-	panel(leftPad+panelW+40, "CPU µs per query of the forwarding process", func(s Summary) (float64, float64, float64) {
+	panel(leftPad+panelW+30, "CPU µs per query of the forwarding process", func(s Summary) (float64, float64, float64) {
 		return s.CPUus, s.CPUus, s.CPUus
 	}, " µs", 1)
 	fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555">Ratios within one run are the claim; absolute figures vary between runs and machines.</text>`+"\n",

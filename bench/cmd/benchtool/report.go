@@ -171,9 +171,12 @@ func writeThroughput(w io.Writer, ss []Summary, rs []Ratio) {
 		"CPU time from /proc over the run ÷ queries answered; RSS is its peak (VmHWM). Upstream conns: "+
 		"established TCP connections to the DoT port half-way through the run (max of the rounds; in "+
 		"brackets the most seen in three samples). Upstream share: the upstream's query counter over the "+
-		"answered queries (1.00: every query was forwarded once).\n\n")
-	fmt.Fprintf(w, "| mode | QPS | QPS range | lost | not NOERROR | p50 ms | p99 ms | CPU µs/query | RSS MB | upstream conns | upstream share |\n")
-	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"answered queries (1.00: every query was forwarded once). Lost: queries dnsperf got no answer to within 5 s; UDP drops counts "+
+		"datagrams the kernel dropped machine-wide during the runs because a UDP socket's receive buffer was full "+
+		"(RcvbufErrors, /proc/net/snmp): dnsperf→front and front→dnsperf, and for forward UDP also front↔upstream, so lost "+
+		"queries matched by UDP drops were lost on the loopback, not by the forwarder.\n\n")
+	fmt.Fprintf(w, "| mode | QPS | QPS range | lost | UDP drops | not NOERROR | p50 ms | p99 ms | CPU µs/query | RSS MB | upstream conns | upstream share |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range ss {
 		if s.Kind != "throughput" {
 			continue
@@ -182,8 +185,8 @@ func writeThroughput(w io.Writer, ss []Summary, rs []Ratio) {
 		if s.Mode != "whoami" && s.Mode != "fwd-udp" {
 			conns = fmt.Sprintf("%d (%d)", s.ConnsMid, s.ConnsMax)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s–%s | %d | %d | %s | %s | %s | %s | %s | %s |\n",
-			label(s.Mode), num(s.QPS, 0), num(s.QPSMin, 0), num(s.QPSMax, 0), s.Lost, s.NotNoerror,
+		fmt.Fprintf(w, "| %s | %s | %s–%s | %d | %d | %d | %s | %s | %s | %s | %s | %s |\n",
+			label(s.Mode), num(s.QPS, 0), num(s.QPSMin, 0), num(s.QPSMax, 0), s.Lost, s.UDPDrops, s.NotNoerror,
 			num(s.P50ms, 2), num(s.P99ms, 2), num(s.CPUus, 1), num(s.RSSMB, 0), conns, num(float64(s.UpstreamShare), 2))
 	}
 	fmt.Fprintln(w)
@@ -209,9 +212,9 @@ func writeLatency(w io.Writer, ss []Summary) {
 		return
 	}
 	fmt.Fprintf(w, "## Latency at a fixed offered rate (`dnsperf -Q %s`, half of forward UDP's median QPS)\n\n", num(rows[0].OfferedQPS, 0))
-	fmt.Fprintf(w, "| mode | QPS | lost | not NOERROR | p50 ms | p99 ms | CPU µs/query |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| mode | QPS | lost | UDP drops | not NOERROR | p50 ms | p99 ms | CPU µs/query |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range rows {
-		fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %s | %s |\n", label(s.Mode), num(s.QPS, 0), s.Lost, s.NotNoerror,
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %s | %s | %s |\n", label(s.Mode), num(s.QPS, 0), s.Lost, s.UDPDrops, s.NotNoerror,
 			num(s.P50ms, 3), num(s.P99ms, 3), num(s.CPUus, 1))
 	}
 	fmt.Fprintln(w)
@@ -233,8 +236,8 @@ func writeChurn(w io.Writer, ss []Summary) {
 		"Handshakes and resumptions are the fake server's counters over the measured run (after warm-up, "+
 		"so every one is a reconnect); dotforward's own `coredns_dotforward_handshakes_total` agrees "+
 		"where shown.\n\n")
-	fmt.Fprintf(w, "| mode | N | QPS | QPS vs no churn | lost | not NOERROR | p99 ms | CPU µs/query | handshakes / 1k queries | resumed | resumed (metrics) | replays |\n")
-	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| mode | N | QPS | QPS vs no churn | lost | UDP drops | not NOERROR | p99 ms | CPU µs/query | handshakes / 1k queries | resumed | resumed (metrics) | replays |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range rows {
 		vs := "–"
 		if s.CloseAfter > 0 {
@@ -242,8 +245,8 @@ func writeChurn(w io.Writer, ss []Summary) {
 				vs = num(100*(s.QPS/base.QPS-1), 1) + " %"
 			}
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %d | %d | %s | %s | %s | %s | %s | %d |\n", label(s.Mode), s.CloseAfter,
-			num(s.QPS, 0), vs, s.Lost, s.NotNoerror, num(s.P99ms, 2), num(s.CPUus, 1),
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %d | %d | %d | %s | %s | %s | %s | %s | %d |\n", label(s.Mode), s.CloseAfter,
+			num(s.QPS, 0), vs, s.Lost, s.UDPDrops, s.NotNoerror, num(s.P99ms, 2), num(s.CPUus, 1),
 			num(float64(s.HandshakesPer1k), 2), pct(float64(s.ResumedShare)), pct(float64(s.MetricResumedShare)), s.Replays)
 	}
 	fmt.Fprintln(w)
@@ -258,11 +261,11 @@ func pct(v float64) string {
 
 func writeRounds(w io.Writer, runs []Run) {
 	fmt.Fprintf(w, "<details><summary>Every run</summary>\n\n")
-	fmt.Fprintf(w, "| kind | mode | N | round | QPS | sent | completed | lost | not NOERROR | p50 ms | p99 ms | CPU µs/q | RSS MB | conns mid/max | upstream q | handshakes | resumed |\n")
-	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| kind | mode | N | round | QPS | sent | completed | lost | UDP drops | not NOERROR | p50 ms | p99 ms | CPU µs/q | RSS MB | conns mid/max | upstream q | handshakes | resumed |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range runs {
-		fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %d | %d | %d | %s | %s | %s | %s | %d/%d | %d | %d | %d |\n",
-			r.Kind, r.Mode, r.CloseAfter, r.Round, num(r.QPS, 0), r.Sent, r.Completed, r.Lost, r.NotNoerror,
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %d | %d | %d | %d | %s | %s | %s | %s | %d/%d | %d | %d | %d |\n",
+			r.Kind, r.Mode, r.CloseAfter, r.Round, num(r.QPS, 0), r.Sent, r.Completed, r.Lost, r.UDPRcvbufErrors, r.NotNoerror,
 			num(r.P50ms, 3), num(r.P99ms, 3), num(r.CPUusPerQuery, 1), num(float64(r.RSSkB)/1024, 0),
 			r.ConnsMid, r.ConnsMax, r.UpstreamQueries, r.Handshakes, r.Resumed)
 	}

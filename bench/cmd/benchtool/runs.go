@@ -33,6 +33,8 @@ type Run struct {
 	ConnsMid      int     `json:"conns_mid"`        // established upstream connections half-way
 	ConnsMax      int     `json:"conns_max"`        // the most seen in 3 samples
 
+	UDPRcvbufErrors int64 `json:"udp_rcvbuf_errors"` // machine-wide kernel UDP drops (full receive buffer) during the run
+
 	UpstreamQueries    int64 `json:"upstream_queries"`     // queries the upstream counted during the run
 	ForwarderQueries   int64 `json:"forwarder_queries"`    // unbound mode: queries the forwarder counted
 	ForwarderCacheHits int64 `json:"forwarder_cache_hits"` // unbound mode: its cache hits (want 0)

@@ -29,6 +29,7 @@ type Summary struct {
 	QPSMax     float64 `json:"qps_max"`
 	Lost       int64   `json:"lost_total"`
 	NotNoerror int64   `json:"not_noerror_total"`
+	UDPDrops   int64   `json:"udp_rcvbuf_errors_total"`
 	P50ms      float64 `json:"p50_ms_median"`
 	P99ms      float64 `json:"p99_ms_median"`
 	CPUus      float64 `json:"cpu_us_per_query_median"`
@@ -99,6 +100,7 @@ func summarizeGroup(k groupKey, rs []Run) Summary {
 		s.QPSMax = math.Max(s.QPSMax, r.QPS)
 		s.Lost += r.Lost
 		s.NotNoerror += r.NotNoerror
+		s.UDPDrops += r.UDPRcvbufErrors
 		s.RSSMB = math.Max(s.RSSMB, float64(r.RSSkB)/1024)
 		s.ConnsMid = max(s.ConnsMid, r.ConnsMid)
 		s.ConnsMax = max(s.ConnsMax, r.ConnsMax)
