@@ -320,3 +320,30 @@ func TestTwoUpstreamsOneStopped(t *testing.T) {
 }
 
 var slicesSortFunc = slices.SortFunc[[]outcome, outcome]
+
+// cutAfter is the per-connection query limit given to dnsdist: like public
+// resolvers that cut busy DoT connections every ~200 KB, it closes each incoming
+// connection after this many queries.
+const cutAfter = 100
+
+// TestServerCutsBusyConnections puts dnsdist with a per-connection query limit in
+// front of unbound: under load, dnsdist closes dotforward's connections again and
+// again, with queries pipelined behind the cut. Every query is still answered.
+func TestServerCutsBusyConnections(t *testing.T) {
+	c := newCerts(t)
+	u := startUnbound(t, c, unboundOpts{})
+	d := startDnsdist(t, c, u.plain, fmt.Sprintf("setMaxTCPQueriesPerConnection(%d)", cutAfter))
+	f := startFront(t, c, frontOpts{Upstreams: []string{d.addr}, Prometheus: true})
+
+	const total = 3000
+	res := runLoad("udp", f.addr, total, loadWorkers, loadBudget)
+	requireAllAnswered(t, "dnsdist cutting every "+fmt.Sprint(cutAfter)+" queries", res, total)
+	text := scrape(t, f.metrics)
+	to := label("to", d.addr)
+	dials, _ := metricSum(text, "coredns_dotforward_dials_total", to, label("result", "ok"))
+	if dials < total/cutAfter {
+		t.Errorf("%v connections for %d queries; dnsdist's limit of %d per connection did not bite", dials, total, cutAfter)
+	}
+	t.Logf("%v connections dialed; closes, replays and drops:\n%s", dials,
+		grepLines(text, "coredns_dotforward_conn_closes_total", "coredns_dotforward_replays_total", "coredns_dotforward_dropped_total"))
+}

@@ -44,11 +44,33 @@ func TestServersUnderLoad(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			c := newCerts(t)
 			s := k.start(t, c)
-			f := startFront(t, c, frontOpts{Upstreams: []string{s.addr}})
+			f := startFront(t, c, frontOpts{Upstreams: []string{s.addr}, Prometheus: true})
 			res := runLoad("udp", f.addr, loadQueries, loadWorkers, loadBudget)
 			requireAllAnswered(t, k.name+" over UDP", res, loadQueries)
 			res = runLoad("tcp", f.addr, loadQueries/4, loadWorkers, loadBudget)
 			requireAllAnswered(t, k.name+" over TCP", res, loadQueries/4)
+			requireReuse(t, f, s.addr, loadQueries+loadQueries/4)
 		})
 	}
+}
+
+// maxDials bounds the connections a load may open: the pool's default of 4 per
+// upstream, and as many again for connections the server may have closed.
+const maxDials = 8
+
+// requireReuse checks with dotforward's metrics that queries were pipelined over
+// a few long-lived connections rather than one connection per query.
+func requireReuse(t *testing.T, f *front, upstream string, queries int) {
+	t.Helper()
+	text := scrape(t, f.metrics)
+	to := label("to", upstream)
+	reqs, _ := metricSum(text, "coredns_dotforward_requests_total", to)
+	dials, _ := metricSum(text, "coredns_dotforward_dials_total", to, label("result", "ok"))
+	if reqs < float64(queries) {
+		t.Errorf("dotforward counted %v requests to %s, want at least the %d sent", reqs, upstream, queries)
+	}
+	if dials < 1 || dials > maxDials {
+		t.Errorf("%v connections dialed for %v requests, want 1 to %d", dials, reqs, maxDials)
+	}
+	t.Logf("%v requests over %v connections", reqs, dials)
 }

@@ -124,14 +124,14 @@ func (u *unbound) stats(t testing.TB) map[string]int64 {
 }
 
 // startDnsdist starts dnsdist with a DoT frontend in front of the plain-DNS
-// address backend.
-func startDnsdist(t testing.TB, c *certs, backend string) *dotServer {
+// address backend; extra are more lines of its Lua configuration.
+func startDnsdist(t testing.TB, c *certs, backend string, extra ...string) *dotServer {
 	t.Helper()
 	bin := tool(t, "dnsdist")
 	dir := t.TempDir()
 	port := freePort(t)
 	conf := render(t, "dnsdist.conf.tmpl", dir, "dnsdist.conf", map[string]any{
-		"TLSPort": port, "Cert": c.Cert, "Key": c.Key, "Backend": backend,
+		"TLSPort": port, "Cert": c.Cert, "Key": c.Key, "Backend": backend, "Extra": extra,
 	})
 	s := &dotServer{name: "dnsdist", addr: addr(port), certs: c}
 	s.start = func(t testing.TB) *proc {
