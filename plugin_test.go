@@ -678,3 +678,31 @@ func BenchmarkServeDNS(b *testing.B) {
 		}
 	})
 }
+
+// TestReload follows caddy's reload order: the new instance starts while the old
+// one still runs, then the old one shuts down. The metrics of the shared upstream
+// stay consistent and the new instance keeps answering.
+func TestReload(t *testing.T) {
+	cert := testCert(t)
+	s := startServer(t, cert, dottest.Options{})
+	old := newForward(t, cert, "", s.Addr)
+	if _, rcode, err := serve(old, newMsg("example.org.", dns.TypeA)); rcode != dns.RcodeSuccess {
+		t.Fatalf("Expected an answer from the old instance, got rcode %d, error %v", rcode, err)
+	}
+	next := newForward(t, cert, "", s.Addr)
+	if _, rcode, err := serve(next, newMsg("example.org.", dns.TypeA)); rcode != dns.RcodeSuccess {
+		t.Fatalf("Expected an answer from the new instance, got rcode %d, error %v", rcode, err)
+	}
+	if got := metricValue(t, connsOpen.WithLabelValues(s.Addr)); got != 2 {
+		t.Errorf("Expected 2 open connections while both instances run, got %v", got)
+	}
+	if err := old.OnShutdown(); err != nil {
+		t.Fatalf("Shutting down the old instance: %v", err)
+	}
+	if got := metricValue(t, connsOpen.WithLabelValues(s.Addr)); got != 1 {
+		t.Errorf("Expected 1 open connection after the old instance shut down, got %v", got)
+	}
+	if _, rcode, err := serve(next, newMsg("example.org.", dns.TypeA)); rcode != dns.RcodeSuccess || !next.Ready() {
+		t.Errorf("Expected the new instance ready and answering, got rcode %d, error %v", rcode, err)
+	}
+}

@@ -2,10 +2,22 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 )
+
+// TestPluginsListed checks what `coredns -plugins` prints.
+func TestPluginsListed(t *testing.T) {
+	listed := strings.Split(caddy.DescribePlugins(), "\n")
+	for _, want := range []string{"dotforward", "forward", "cache", "prometheus"} {
+		if !slices.Contains(listed, want) {
+			t.Errorf("Expected %s in the plugin list, got %v", want, listed)
+		}
+	}
+}
 
 func TestDirectiveOrder(t *testing.T) {
 	dirs := dnsserver.Directives
