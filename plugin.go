@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/coredns/coredns/plugin"
+	"github.com/coredns/coredns/plugin/metadata"
 	clog "github.com/coredns/coredns/plugin/pkg/log"
 	"github.com/coredns/coredns/request"
 
@@ -168,6 +169,7 @@ func (f *DoTForward) forward(ctx context.Context, r *dns.Msg) (*dns.Msg, error) 
 		}
 		i %= len(list)
 		u := list[i]
+		metadata.SetValueFunc(ctx, "dotforward/upstream", u.addrFunc)
 		ret, err := u.exchange(ctx, r)
 		switch {
 		case err == nil && !f.failover[ret.Rcode]:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/plugin/metadata"
 	"github.com/coredns/coredns/plugin/pkg/dnstest"
 	"github.com/coredns/coredns/plugin/test"
 
@@ -704,5 +705,20 @@ func TestReload(t *testing.T) {
 	}
 	if _, rcode, err := serve(next, newMsg("example.org.", dns.TypeA)); rcode != dns.RcodeSuccess || !next.Ready() {
 		t.Errorf("Expected the new instance ready and answering, got rcode %d, error %v", rcode, err)
+	}
+}
+
+func TestMetadataUpstream(t *testing.T) {
+	cert := testCert(t)
+	dead := deadAddr(t, cert)
+	s := startServer(t, cert, dottest.Options{})
+	f := newForward(t, cert, "policy sequential", dead, s.Addr)
+	ctx := metadata.ContextWithMetadata(context.Background())
+	if _, rcode, err := serveCtx(ctx, f, newMsg("example.org.", dns.TypeA)); rcode != dns.RcodeSuccess {
+		t.Fatalf("Expected an answer, got rcode %d, error %v", rcode, err)
+	}
+	fn := metadata.ValueFunc(ctx, "dotforward/upstream")
+	if fn == nil || fn() != s.Addr {
+		t.Errorf("Expected dotforward/upstream metadata %s, the upstream that answered", s.Addr)
 	}
 }

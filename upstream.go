@@ -27,6 +27,7 @@ type upstream struct {
 	obs      *observer
 	maxFails int32
 	recheck  time.Duration
+	addrFunc func() string // addr, for the dotforward/upstream metadata
 
 	pool     atomic.Pointer[dot.Pool]
 	fails    atomic.Int32 // consecutive failed exchanges
@@ -48,6 +49,7 @@ func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
 		u.recheck = defaultHealthCheck
 	}
 	u.cfg.Observer = u.obs
+	u.addrFunc = func() string { return u.addr }
 	return u
 }
 
