@@ -108,6 +108,12 @@ cpu_ticks() {
 	sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
 }
 
+# io_syscalls PID: "reads writes" — read(2)/write(2)-family syscalls of PID so far
+# (syscr/syscw of /proc/PID/io; socket sendmsg/recvmsg are not counted there).
+io_syscalls() {
+	awk '$1 == "syscr:" { r = $2 } $1 == "syscw:" { w = $2 } END { print r + 0, w + 0 }' "/proc/$1/io"
+}
+
 # rss_peak_kb PID: the process's peak resident set size (VmHWM) in kB.
 rss_peak_kb() {
 	awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"

@@ -15,6 +15,7 @@
 #   BENCH_MODES="whoami fwd-udp fwd-tls dotforward unbound"
 #   BENCH_PHASES="throughput latency churn profile micro"
 #   BENCH_CHURN_AFTER=100   answers per connection in the churn run
+#   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
 #   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
 #   BENCH_PORT_BASE=25300   ports BASE+1..BASE+31 on 127.0.0.1
 #   BENCH_COREDNS=./coredns BENCH_RESULTS=bench/results
@@ -35,6 +36,7 @@ BENCH_MODES=${BENCH_MODES:-whoami fwd-udp fwd-tls dotforward unbound}
 BENCH_PHASES=${BENCH_PHASES:-throughput latency churn profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
+BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
 BENCH_NAMES=${BENCH_NAMES:-100000}
 UNBOUND_THREADS=${BENCH_UNBOUND_THREADS:-1}
 BASE=${BENCH_PORT_BASE:-25300}
@@ -207,8 +209,12 @@ measure() {
 			rep0=$(metric_sum coredns_dotforward_replays_total)
 		fi
 	fi
-	local c0 c1 drops0
+	local c0 c1 drops0 sr0 sw0 sr1 sw1
 	drops0=$(udp_rcvbuf_errors)
+	read -r sr0 sw0 < <(io_syscalls "$FRONT_PID")
+	local upc0 upc1 uppid=$UPSTREAM_PID
+	[ "$kind" = churn ] && uppid=$FAKE_PID
+	upc0=$(cpu_ticks "$uppid")
 	c0=$(cpu_ticks "$FRONT_PID")
 
 	dnsperf_run "$WORK/$tag.out" "$BENCH_SECONDS" -v "$@"
@@ -222,6 +228,8 @@ measure() {
 	done
 	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
 	c1=$(cpu_ticks "$FRONT_PID")
+	upc1=$(cpu_ticks "$uppid")
+	read -r sr1 sw1 < <(io_syscalls "$FRONT_PID")
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during the run"
 
 	local up1 upq fq=0 fh=0
@@ -247,6 +255,8 @@ measure() {
 		-kv "cpu_ticks=$((c1 - c0))" -kv "clk_tck=$CLK_TCK" -kv "rss_kb=$(rss_peak_kb "$FRONT_PID")" \
 		-kv "conns_mid=$mid" -kv "conns_max=$most" -kv "upstream_queries=$upq" \
 		-kv "udp_rcvbuf_errors=$(($(udp_rcvbuf_errors) - drops0))" \
+		-kv "read_syscalls=$((sr1 - sr0))" -kv "write_syscalls=$((sw1 - sw0))" \
+		-kv "upstream_cpu_ticks=$((upc1 - upc0))" \
 		-kv "forwarder_queries=$fq" -kv "forwarder_cache_hits=$fh" "${kv[@]}" >>"$WORK/raw.jsonl" ||
 		die "could not parse $WORK/$tag.out"
 	stop_pid "$FRONT_PID"
@@ -304,28 +314,33 @@ phase_churn() {
 	done
 }
 
-# phase_profile takes a CPU profile of CoreDNS in dotforward mode under the
-# throughput load (not a measured run) and keeps pprof's top functions.
+# phase_profile takes a CPU profile of CoreDNS in each of $BENCH_PROFILE_MODES
+# under the throughput load (separate runs, not measured ones) and keeps pprof's
+# top functions in bench/results/profile-MODE.txt.
 phase_profile() {
-	has_mode dotforward || return 0
-	local secs=$((BENCH_SECONDS > 4 ? BENCH_SECONDS - 2 : 2))
+	local m secs=$((BENCH_SECONDS > 4 ? BENCH_SECONDS - 2 : 2))
 	UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
 	METRICS_LINE=""
-	start_front dotforward
-	log "profiling dotforward for $secs s"
-	dnsperf_run "$WORK/profile.dnsperf" $((secs + 3))
-	sleep 1
-	PPROF_TMPDIR=$WORK timeout $((secs + 30)) go tool pprof -seconds "$secs" -proto -output "$WORK/dotforward.pprof" \
-		"http://127.0.0.1:$PPROF_PORT/debug/pprof/profile" >"$WORK/pprof.err" 2>&1 || true
-	dnsperf_wait || true
-	stop_pid "$FRONT_PID"
-	if timeout 60 go tool pprof -top -nodecount=30 "$COREDNS" "$WORK/dotforward.pprof" >"$WORK/profile.txt" 2>>"$WORK/pprof.err" &&
-		{ echo; echo "Cumulative:"; timeout 60 go tool pprof -top -cum -nodecount=40 "$COREDNS" "$WORK/dotforward.pprof" 2>>"$WORK/pprof.err" | sed '1,/flat%/d'; } >>"$WORK/profile.txt"; then
-		cp "$WORK/dotforward.pprof" "$RESULTS/dotforward.cpu.pprof"
-	else
-		log "no CPU profile: $(tail -2 "$WORK/pprof.err")"
-		: >"$WORK/profile.txt"
-	fi
+	for m in $BENCH_PROFILE_MODES; do
+		[ "$m" = unbound ] && continue
+		has_mode "$m" || continue
+		start_front "$m"
+		log "profiling $m for $secs s"
+		dnsperf_run "$WORK/profile-$m.dnsperf" $((secs + 3))
+		sleep 1
+		PPROF_TMPDIR=$WORK timeout $((secs + 30)) go tool pprof -seconds "$secs" -proto -output "$WORK/$m.pprof" \
+			"http://127.0.0.1:$PPROF_PORT/debug/pprof/profile" >"$WORK/pprof.err" 2>&1 || true
+		dnsperf_wait || true
+		stop_pid "$FRONT_PID"
+		if timeout 60 go tool pprof -top -nodecount=30 "$COREDNS" "$WORK/$m.pprof" >"$WORK/profile-$m.txt" 2>>"$WORK/pprof.err" &&
+			{ echo; echo "Cumulative:"; timeout 60 go tool pprof -top -cum -nodecount=40 "$COREDNS" "$WORK/$m.pprof" 2>>"$WORK/pprof.err" | sed '1,/flat%/d'; } >>"$WORK/profile-$m.txt"; then
+			cp "$WORK/$m.pprof" "$RESULTS/$m.cpu.pprof"
+			cp "$WORK/profile-$m.txt" "$RESULTS/profile-$m.txt"
+		else
+			log "no CPU profile of $m: $(tail -2 "$WORK/pprof.err")"
+		fi
+	done
+	if [ -s "$WORK/profile-dotforward.txt" ]; then cp "$WORK/profile-dotforward.txt" "$WORK/profile.txt"; fi
 }
 
 phase_micro() {

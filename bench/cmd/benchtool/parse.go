@@ -67,6 +67,13 @@ func addCPU(rec map[string]any) {
 	if ok1 && ok2 && ok3 && hz > 0 && done > 0 {
 		rec["cpu_us_per_query"] = ticks / hz * 1e6 / done
 	}
+	// The upstream's CPU share of the run: 1.0 is one core busy all the time (the
+	// upstream unbound has one thread, so near 1.0 it is the bottleneck).
+	up, ok4 := rec["upstream_cpu_ticks"].(float64)
+	secs, ok5 := rec["run_time_s"].(float64)
+	if ok2 && ok4 && ok5 && hz > 0 && secs > 0 {
+		rec["upstream_cpu_util"] = up / hz / secs
+	}
 }
 
 // dnsperfStats is what one dnsperf run reported.

@@ -174,9 +174,12 @@ func writeThroughput(w io.Writer, ss []Summary, rs []Ratio) {
 		"answered queries (1.00: every query was forwarded once). Lost: queries dnsperf got no answer to within 5 s; UDP drops counts "+
 		"datagrams the kernel dropped machine-wide during the runs because a UDP socket's receive buffer was full "+
 		"(RcvbufErrors, /proc/net/snmp): dnsperf→front and front→dnsperf, and for forward UDP also front↔upstream, so lost "+
-		"queries matched by UDP drops were lost on the loopback, not by the forwarder.\n\n")
-	fmt.Fprintf(w, "| mode | QPS | QPS range | lost | UDP drops | not NOERROR | p50 ms | p99 ms | CPU µs/query | RSS MB | upstream conns | upstream share |\n")
-	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"queries matched by UDP drops were lost on the loopback, not by the forwarder. reads/q and writes/q: read(2) "+
+		"and write(2) syscalls of the forwarding process per answered query (/proc/PID/io; the UDP front's "+
+		"recvmsg/sendmsg are not counted there, so this is the upstream side: how well answers and queries are batched). Upstream CPU: the upstream unbound's "+
+		"CPU time over the run's length (it has one thread: near 100 %% it is the bottleneck).\n\n")
+	fmt.Fprintf(w, "| mode | QPS | QPS range | lost | UDP drops | not NOERROR | p50 ms | p99 ms | CPU µs/query | RSS MB | upstream conns | upstream share | upstream CPU | reads/q | writes/q |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range ss {
 		if s.Kind != "throughput" {
 			continue
@@ -185,9 +188,10 @@ func writeThroughput(w io.Writer, ss []Summary, rs []Ratio) {
 		if s.Mode != "whoami" && s.Mode != "fwd-udp" {
 			conns = fmt.Sprintf("%d (%d)", s.ConnsMid, s.ConnsMax)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s–%s | %d | %d | %d | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(w, "| %s | %s | %s–%s | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			label(s.Mode), num(s.QPS, 0), num(s.QPSMin, 0), num(s.QPSMax, 0), s.Lost, s.UDPDrops, s.NotNoerror,
-			num(s.P50ms, 2), num(s.P99ms, 2), num(s.CPUus, 1), num(s.RSSMB, 0), conns, num(float64(s.UpstreamShare), 2))
+			num(s.P50ms, 2), num(s.P99ms, 2), num(s.CPUus, 1), num(s.RSSMB, 0), conns, num(float64(s.UpstreamShare), 2), pct(s.UpstreamCPU),
+			num(float64(s.ReadsPerQuery), 2), num(float64(s.WritesPerQuery), 2))
 	}
 	fmt.Fprintln(w)
 	if u := find(ss, "throughput", "unbound", 0); u != nil {

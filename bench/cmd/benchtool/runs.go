@@ -33,11 +33,14 @@ type Run struct {
 	ConnsMid      int     `json:"conns_mid"`        // established upstream connections half-way
 	ConnsMax      int     `json:"conns_max"`        // the most seen in 3 samples
 
+	ReadSyscalls    int64 `json:"read_syscalls"`     // read(2)-family syscalls of the forwarding process during the run
+	WriteSyscalls   int64 `json:"write_syscalls"`    // write(2)-family ones (UDP sendmsg/recvmsg are not counted)
 	UDPRcvbufErrors int64 `json:"udp_rcvbuf_errors"` // machine-wide kernel UDP drops (full receive buffer) during the run
 
-	UpstreamQueries    int64 `json:"upstream_queries"`     // queries the upstream counted during the run
-	ForwarderQueries   int64 `json:"forwarder_queries"`    // unbound mode: queries the forwarder counted
-	ForwarderCacheHits int64 `json:"forwarder_cache_hits"` // unbound mode: its cache hits (want 0)
+	UpstreamCPUUtil    float64 `json:"upstream_cpu_util"`    // the upstream process's CPU time over the run's length (1 = one core)
+	UpstreamQueries    int64   `json:"upstream_queries"`     // queries the upstream counted during the run
+	ForwarderQueries   int64   `json:"forwarder_queries"`    // unbound mode: queries the forwarder counted
+	ForwarderCacheHits int64   `json:"forwarder_cache_hits"` // unbound mode: its cache hits (want 0)
 
 	Handshakes       int64 `json:"handshakes"`        // churn: TLS handshakes the fake upstream completed
 	Resumed          int64 `json:"resumed"`           // churn: of which resumed

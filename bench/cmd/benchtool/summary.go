@@ -30,12 +30,18 @@ type Summary struct {
 	Lost       int64   `json:"lost_total"`
 	NotNoerror int64   `json:"not_noerror_total"`
 	UDPDrops   int64   `json:"udp_rcvbuf_errors_total"`
-	P50ms      float64 `json:"p50_ms_median"`
-	P99ms      float64 `json:"p99_ms_median"`
-	CPUus      float64 `json:"cpu_us_per_query_median"`
-	RSSMB      float64 `json:"rss_mb_max"`
-	ConnsMid   int     `json:"upstream_conns_mid_max"`
-	ConnsMax   int     `json:"upstream_conns_max"`
+	// ReadsPerQuery and WritesPerQuery are read(2)/write(2) syscalls of the
+	// forwarding process per answered query: its upstream side, since the UDP front
+	// uses recvmsg/sendmsg, which /proc/PID/io does not count.
+	UpstreamCPU    float64 `json:"upstream_cpu_util_median"`
+	ReadsPerQuery  F       `json:"read_syscalls_per_query"`
+	WritesPerQuery F       `json:"write_syscalls_per_query"`
+	P50ms          float64 `json:"p50_ms_median"`
+	P99ms          float64 `json:"p99_ms_median"`
+	CPUus          float64 `json:"cpu_us_per_query_median"`
+	RSSMB          float64 `json:"rss_mb_max"`
+	ConnsMid       int     `json:"upstream_conns_mid_max"`
+	ConnsMax       int     `json:"upstream_conns_max"`
 	// UpstreamShare is the upstream's query count over the answered queries (1.0:
 	// every query was forwarded once).
 	UpstreamShare      F     `json:"upstream_share"`
@@ -87,8 +93,8 @@ func summarize(runs []Run) []Summary {
 
 func summarizeGroup(k groupKey, rs []Run) Summary {
 	s := Summary{Kind: k.kind, Mode: k.mode, CloseAfter: k.closeAfter, Rounds: len(rs)}
-	var qps, p50, p99, cpu, offered []float64
-	var completed, upstream, hs, resumed, mhs, mres int64
+	var qps, p50, p99, cpu, offered, upcpu []float64
+	var completed, upstream, hs, resumed, mhs, mres, rd, wr int64
 	s.QPSMin = math.Inf(1)
 	for _, r := range rs {
 		qps = append(qps, r.QPS)
@@ -96,6 +102,7 @@ func summarizeGroup(k groupKey, rs []Run) Summary {
 		p99 = append(p99, r.P99ms)
 		cpu = append(cpu, r.CPUusPerQuery)
 		offered = append(offered, r.OfferedQPS)
+		upcpu = append(upcpu, r.UpstreamCPUUtil)
 		s.QPSMin = math.Min(s.QPSMin, r.QPS)
 		s.QPSMax = math.Max(s.QPSMax, r.QPS)
 		s.Lost += r.Lost
@@ -107,6 +114,8 @@ func summarizeGroup(k groupKey, rs []Run) Summary {
 		s.ForwarderCacheHits += r.ForwarderCacheHits
 		s.Replays += r.Replays
 		completed += r.Completed
+		rd += r.ReadSyscalls
+		wr += r.WriteSyscalls
 		upstream += r.UpstreamQueries
 		hs += r.Handshakes
 		resumed += r.Resumed
@@ -114,7 +123,10 @@ func summarizeGroup(k groupKey, rs []Run) Summary {
 		mres += r.MetricResumed
 	}
 	s.QPS, s.P50ms, s.P99ms, s.CPUus, s.OfferedQPS = median(qps), median(p50), median(p99), median(cpu), median(offered)
+	s.UpstreamCPU = median(upcpu)
 	s.UpstreamShare = F(ratio(float64(upstream), float64(completed)))
+	s.ReadsPerQuery = F(ratio(float64(rd), float64(completed)))
+	s.WritesPerQuery = F(ratio(float64(wr), float64(completed)))
 	s.HandshakesPer1k = F(ratio(float64(hs)*1000, float64(completed)))
 	s.ResumedShare = F(ratio(float64(resumed), float64(hs)))
 	s.MetricResumedShare = F(ratio(float64(mres), float64(mhs)))
