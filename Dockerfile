@@ -5,7 +5,10 @@
 #
 #   docker build -t dotforward/coredns:dev .
 #   docker run --rm -p 1053:53/udp -p 1053:53/tcp \
-#     -v "$PWD/Corefile.example:/etc/coredns/Corefile:ro" dotforward/coredns:dev
+#     -v "$PWD/Corefile:/etc/coredns/Corefile:ro" dotforward/coredns:dev
+#
+# The Corefile must listen on the container's addresses (e.g. ".:53"), not on
+# 127.0.0.1 as Corefile.example does for a local run.
 #
 # See deploy/README.md for Kubernetes.
 

@@ -211,9 +211,10 @@ func checkDotforward(d corefileDoc) (int, error) {
 	return n, nil
 }
 
-// repoCorefiles collects the Corefiles of the README, docs/*.md,
+// repoCorefiles collects the Corefiles of the README, docs/*.md, deploy/*.md,
 // Corefile.example and the Kubernetes manifests. Each of these is expected to
-// hold at least one dotforward stanza, except docs/*.md which may hold none.
+// hold at least one dotforward stanza, except the other Markdown files, which
+// may hold none.
 func repoCorefiles(t *testing.T) (docs []corefileDoc, mustHave []string) {
 	t.Helper()
 	add := func(file string, extract func(string, io.Reader) ([]corefileDoc, error)) []corefileDoc {
@@ -231,9 +232,13 @@ func repoCorefiles(t *testing.T) (docs []corefileDoc, mustHave []string) {
 	}
 	add("README.md", markdownCorefiles)
 	mustHave = append(mustHave, "README.md")
-	mds, err := filepath.Glob("docs/*.md")
-	if err != nil {
-		t.Fatal(err)
+	var mds []string
+	for _, pattern := range []string{"docs/*.md", "deploy/*.md"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mds = append(mds, m...)
 	}
 	for _, md := range mds {
 		add(md, markdownCorefiles)
@@ -243,7 +248,7 @@ func repoCorefiles(t *testing.T) (docs []corefileDoc, mustHave []string) {
 		return []corefileDoc{{file: file, line: 1, text: string(b)}}, err
 	})
 	mustHave = append(mustHave, "Corefile.example")
-	err = filepath.WalkDir(manifestsDir, func(path string, e fs.DirEntry, err error) error {
+	err := filepath.WalkDir(manifestsDir, func(path string, e fs.DirEntry, err error) error {
 		if err != nil || e.IsDir() || !(strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
 			return err
 		}
