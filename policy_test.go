@@ -5,10 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/coredns/caddy"
+	"github.com/coredns/coredns/plugin/pkg/dnstest"
+	"github.com/coredns/coredns/plugin/test"
+
 	"github.com/dotforward/dotforward/dot"
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
 )
 
 func testUpstreams(n int) []*upstream {
@@ -181,4 +189,73 @@ func isPermutation(got, ups []*upstream) bool {
 		}
 	}
 	return true
+}
+
+// BenchmarkPolicies measures what each policy costs the client when one of two
+// upstreams is slower (20ms against 1ms, the slow one listed first): the answer
+// time percentiles and the share of queries the fast upstream took.
+//
+//	go test -run XXX -bench Policies -benchtime 2000x
+func BenchmarkPolicies(b *testing.B) {
+	cert, err := dottest.NewCert()
+	if err != nil {
+		b.Fatalf("Generating a test certificate: %v", err)
+	}
+	delay := func(d time.Duration) func(dns.Question) time.Duration {
+		return func(dns.Question) time.Duration { return d }
+	}
+	for _, policy := range []string{"random", "round_robin", "sequential", "latency"} {
+		b.Run(policy, func(b *testing.B) {
+			slow := dottest.Start(b, dottest.Options{Cert: cert, Delay: delay(20 * time.Millisecond)})
+			fast := dottest.Start(b, dottest.Options{Cert: cert, Delay: delay(time.Millisecond)})
+			f := benchForward(b, cert, "policy "+policy, slow.Addr, fast.Addr)
+			var mu sync.Mutex
+			var took []time.Duration
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				m := new(dns.Msg)
+				m.SetQuestion("example.org.", dns.TypeA)
+				var mine []time.Duration
+				for pb.Next() {
+					start := time.Now()
+					rcode, err := f.ServeDNS(context.Background(), dnstest.NewRecorder(&test.ResponseWriter{}), m)
+					if rcode != dns.RcodeSuccess {
+						b.Errorf("Expected an answer, got rcode %d, error %v", rcode, err)
+						return
+					}
+					mine = append(mine, time.Since(start))
+				}
+				mu.Lock()
+				took = append(took, mine...)
+				mu.Unlock()
+			})
+			b.StopTimer()
+			slices.Sort(took)
+			if len(took) > 0 {
+				b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+			}
+			b.ReportMetric(float64(fast.Queries())/float64(fast.Queries()+slow.Queries()), "fast-share")
+		})
+	}
+}
+
+// benchForward is newForward for benchmarks.
+func benchForward(b *testing.B, cert *dottest.Cert, options string, addrs ...string) *DoTForward {
+	b.Helper()
+	ca := writeFile(b, b.TempDir(), "ca.pem", cert.CAPEM)
+	to := ""
+	for _, a := range addrs {
+		to += " tls://" + strings.Replace(a, ":", "%"+dottest.ServerName+":", 1)
+	}
+	fs, err := parse(caddy.NewTestController("dns", fmt.Sprintf("dotforward .%s {\ntls %s\n%s\n}", to, ca, options)))
+	if err != nil {
+		b.Fatalf("Parsing: %v", err)
+	}
+	if err := fs[0].OnStartup(); err != nil {
+		b.Fatalf("Starting: %v", err)
+	}
+	b.Cleanup(func() { fs[0].OnShutdown() })
+	return fs[0]
 }
