@@ -259,6 +259,9 @@ measure() {
 		-kv "upstream_cpu_ticks=$((upc1 - upc0))" \
 		-kv "forwarder_queries=$fq" -kv "forwarder_cache_hits=$fh" "${kv[@]}" >>"$WORK/raw.jsonl" ||
 		die "could not parse $WORK/$tag.out"
+	# Keep dnsperf's summary only: the per-query lines run to megabytes per run.
+	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
+	rm -f "$WORK/$tag.out"
 	stop_pid "$FRONT_PID"
 	if [ "$kind" = churn ]; then stop_pid "$FAKE_PID"; fi
 	log "$(tail -n 1 "$WORK/raw.jsonl" | awk -v t="$tag" '{
