@@ -57,7 +57,7 @@ func reportCmd(args []string) error {
 	}
 	res.Micro = readOptional(*micro)
 	res.Summaries = summarize(runs)
-	res.Ratios = throughputRatios(res.Summaries)
+	res.Ratios = throughputRatios(res.Summaries, runs)
 	res.Targets = targets(res.Summaries, res.Ratios)
 
 	if err := os.MkdirAll(*out, 0o755); err != nil {
@@ -198,9 +198,13 @@ func writeThroughput(w io.Writer, ss []Summary, rs []Ratio) {
 		fmt.Fprintf(w, "Unbound forwards rather than caches: its cache hits over all rounds: %d; the upstream counted %s queries per answered query.\n\n",
 			u.ForwarderCacheHits, num(float64(u.UpstreamShare), 3))
 	}
-	fmt.Fprintf(w, "| ratio (medians of this run) | value |\n|---|---:|\n")
+	fmt.Fprintf(w, "| ratio | of the medians | range of the per-round ratios |\n|---|---:|---:|\n")
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %s | %s |\n", r.Name, num(float64(r.Value), 2))
+		rng := "–"
+		if !math.IsNaN(float64(r.RoundMin)) {
+			rng = num(float64(r.RoundMin), 2) + "–" + num(float64(r.RoundMax), 2)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s |\n", r.Name, num(float64(r.Value), 2), rng)
 	}
 	fmt.Fprintln(w)
 }

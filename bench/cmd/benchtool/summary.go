@@ -158,39 +158,70 @@ type Target struct {
 	Pass  bool    `json:"pass"`
 }
 
-// Ratio is a ratio between two modes of the throughput run.
+// Ratio is a ratio between two modes of the throughput run: of their medians, and
+// the range of the ratios within each round (modes of one round ran back to back,
+// so those show how steady the ratio was while the machine's load drifted).
 type Ratio struct {
-	Name  string `json:"name"`
-	Value F      `json:"value"`
+	Name     string `json:"name"`
+	Value    F      `json:"value"`
+	RoundMin F      `json:"round_min"`
+	RoundMax F      `json:"round_max"`
 }
 
-func throughputRatios(ss []Summary) []Ratio {
-	get := func(mode string) *Summary { return find(ss, "throughput", mode, 0) }
-	qps := func(a, b string) float64 {
-		x, y := get(a), get(b)
-		if x == nil || y == nil {
-			return math.NaN()
+func throughputRatios(ss []Summary, runs []Run) []Ratio {
+	type ratioDef struct {
+		name, a, b string
+		cpu        bool
+	}
+	defs := []ratioDef{
+		{"QPS dotforward / forward tls://", "dotforward", "fwd-tls", false},
+		{"QPS dotforward / forward UDP", "dotforward", "fwd-udp", false},
+		{"QPS dotforward / Unbound", "dotforward", "unbound", false},
+		{"QPS forward tls:// / forward UDP", "fwd-tls", "fwd-udp", false},
+		{"QPS Unbound / forward UDP", "unbound", "fwd-udp", false},
+		{"CPU per query dotforward / forward UDP", "dotforward", "fwd-udp", true},
+		{"CPU per query dotforward / forward tls://", "dotforward", "fwd-tls", true},
+		{"CPU per query dotforward / whoami", "dotforward", "whoami", true},
+		{"CPU per query forward UDP / whoami", "fwd-udp", "whoami", true},
+	}
+	metric := func(cpu bool, qps, us float64) float64 {
+		if cpu {
+			return us
 		}
-		return ratio(x.QPS, y.QPS)
+		return qps
 	}
-	cpu := func(a, b string) float64 {
-		x, y := get(a), get(b)
-		if x == nil || y == nil {
-			return math.NaN()
+	byRound := map[string]map[int]Run{}
+	for _, r := range runs {
+		if r.Kind != "throughput" {
+			continue
 		}
-		return ratio(x.CPUus, y.CPUus)
+		if byRound[r.Mode] == nil {
+			byRound[r.Mode] = map[int]Run{}
+		}
+		byRound[r.Mode][r.Round] = r
 	}
-	return []Ratio{
-		{"QPS dotforward / forward tls://", F(qps("dotforward", "fwd-tls"))},
-		{"QPS dotforward / forward UDP", F(qps("dotforward", "fwd-udp"))},
-		{"QPS dotforward / Unbound", F(qps("dotforward", "unbound"))},
-		{"QPS forward tls:// / forward UDP", F(qps("fwd-tls", "fwd-udp"))},
-		{"QPS Unbound / forward UDP", F(qps("unbound", "fwd-udp"))},
-		{"CPU per query dotforward / forward UDP", F(cpu("dotforward", "fwd-udp"))},
-		{"CPU per query dotforward / forward tls://", F(cpu("dotforward", "fwd-tls"))},
-		{"CPU per query dotforward / whoami", F(cpu("dotforward", "whoami"))},
-		{"CPU per query forward UDP / whoami", F(cpu("fwd-udp", "whoami"))},
+	out := make([]Ratio, 0, len(defs))
+	for _, d := range defs {
+		r := Ratio{Name: d.name, Value: F(math.NaN()), RoundMin: F(math.NaN()), RoundMax: F(math.NaN())}
+		x, y := find(ss, "throughput", d.a, 0), find(ss, "throughput", d.b, 0)
+		if x != nil && y != nil {
+			r.Value = F(ratio(metric(d.cpu, x.QPS, x.CPUus), metric(d.cpu, y.QPS, y.CPUus)))
+		}
+		lo, hi := math.Inf(1), math.Inf(-1)
+		for round, ra := range byRound[d.a] {
+			rb, ok := byRound[d.b][round]
+			if !ok {
+				continue
+			}
+			v := ratio(metric(d.cpu, ra.QPS, ra.CPUusPerQuery), metric(d.cpu, rb.QPS, rb.CPUusPerQuery))
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+		}
+		if lo <= hi {
+			r.RoundMin, r.RoundMax = F(lo), F(hi)
+		}
+		out = append(out, r)
 	}
+	return out
 }
 
 func targets(ss []Summary, rs []Ratio) []Target {
