@@ -102,3 +102,18 @@ func TestTargetsNeedMeasurements(t *testing.T) {
 		t.Errorf("Unmeasured target = %+v, want NaN and no pass", tg)
 	}
 }
+
+func TestUnexplainedLoss(t *testing.T) {
+	for _, c := range []struct {
+		s    Summary
+		want int64
+	}{
+		{Summary{Lost: 5, UDPDrops: 3, NotNoerror: 1}, 3},
+		{Summary{Lost: 2, UDPDrops: 7}, 0},
+		{Summary{Lost: 0, NotNoerror: 4}, 4},
+	} {
+		if got := unexplainedLoss(&c.s); got != c.want {
+			t.Errorf("UnexplainedLoss(%+v) = %d, want %d", c.s, got, c.want)
+		}
+	}
+}
