@@ -128,6 +128,8 @@ type observer struct {
 	healthy       prometheus.Gauge
 	hcFailures    prometheus.Counter
 	noError       prometheus.Counter // the common rcode, bound in advance
+
+	onFailure func(error) // health: the pool reported a failure of the upstream
 }
 
 var _ dot.Observer = (*observer)(nil)
@@ -183,6 +185,13 @@ func (o *observer) Replayed() { o.replays.Inc() }
 
 // TimedOut implements dot.Observer.
 func (o *observer) TimedOut() { o.timeouts.Inc() }
+
+// Failed implements dot.Observer: the pool saw the upstream itself fail.
+func (o *observer) Failed(err error) {
+	if o.onFailure != nil {
+		o.onFailure(err)
+	}
+}
 
 // begin counts a query sent to the upstream.
 func (o *observer) begin() {

@@ -200,8 +200,8 @@ func retryable(err error) bool {
 }
 
 // candidates returns the upstreams to try, in policy order, without the down
-// ones. When all are down it returns them all (each fails fast while its pool is
-// in backoff), or ErrNoHealthy with failfast_all_unhealthy_upstreams.
+// ones. When all are down it returns the one that failed least recently, or
+// ErrNoHealthy with failfast_all_unhealthy_upstreams.
 func (f *DoTForward) candidates() ([]*upstream, error) {
 	ordered := f.policy.List(f.upstreams)
 	up := ordered[:0:0]
@@ -217,7 +217,16 @@ func (f *DoTForward) candidates() ([]*upstream, error) {
 	if f.failfast {
 		return nil, ErrNoHealthy
 	}
-	return ordered, nil
+	// Every upstream is down: try the one whose last failure is oldest, the best
+	// bet, once. Its pool fails at once while in dial backoff, so the query costs
+	// nothing when it is really gone.
+	best := ordered[0]
+	for _, u := range ordered[1:] {
+		if u.lastFail.Load() < best.lastFail.Load() {
+			best = u
+		}
+	}
+	return []*upstream{best}, nil
 }
 
 // OnStartup starts every upstream's pool.

@@ -60,6 +60,10 @@ func newForward(t *testing.T, cert *dottest.Cert, options string, addrs ...strin
 	for _, a := range addrs {
 		to += " tls://" + strings.Replace(a, ":", "%"+dottest.ServerName+":", 1)
 	}
+	if !strings.Contains(options, "health_check") {
+		// Handler tests count the queries upstreams receive: no probes among them.
+		options += "\nhealth_check 0"
+	}
 	input := fmt.Sprintf("dotforward .%s {\ntls %s\n%s\n}", to, ca, options)
 	fs, err := parse(caddy.NewTestController("dns", input))
 	if err != nil {
@@ -175,7 +179,9 @@ func TestServeDNSFailsOverToSecondUpstream(t *testing.T) {
 	cert := testCert(t)
 	dead := deadAddr(t, cert)
 	s := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential", dead, s.Addr)
+	f := newForward(t, cert, "policy sequential\nhealth_check 100ms", dead, s.Addr)
+	waitFor(t, "the first round of probes", f.Ready)
+	probes := s.Queries()
 
 	for i := range 3 {
 		rec, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA))
@@ -183,11 +189,14 @@ func TestServeDNSFailsOverToSecondUpstream(t *testing.T) {
 			t.Fatalf("Query %d: expected an answer from the second upstream, got rcode %d, error %v", i, rcode, err)
 		}
 	}
-	if got := s.Queries(); got != 3 {
+	if got := s.Queries() - probes; got < 3 {
 		t.Errorf("Expected 3 queries at the second upstream, got %d", got)
 	}
 	if !f.upstreams[0].down.Load() {
 		t.Errorf("Expected the unreachable upstream marked down")
+	}
+	if got := metricValue(t, requestsTotal.WithLabelValues(dead)); got != 0 {
+		t.Errorf("Expected no client query sent to the upstream found down at startup, got %v", got)
 	}
 	if got := metricValue(t, upstreamHealthy.WithLabelValues(dead)); got != 0 {
 		t.Errorf("Expected upstream_healthy 0 for %s, got %v", dead, got)
@@ -253,7 +262,8 @@ func TestServeDNSFailoverRcodes(t *testing.T) {
 func TestServeDNSAllFail(t *testing.T) {
 	cert := testCert(t)
 	dead1, dead2 := deadAddr(t, cert), deadAddr(t, cert)
-	f := newForward(t, cert, "", dead1, dead2)
+	f := newForward(t, cert, "health_check 100ms", dead1, dead2)
+	waitFor(t, "the first round of probes", f.Ready)
 
 	rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
 	if rcode != dns.RcodeServerFailure || !errors.Is(err, dot.ErrUnavailable) {
@@ -263,7 +273,7 @@ func TestServeDNSAllFail(t *testing.T) {
 		t.Errorf("Expected nothing written (the server writes SERVFAIL), got %v", rec.Msg)
 	}
 
-	// Both are down now: the next query still tries them and still fails.
+	// Both are down: each query tries the one that failed least recently, and fails.
 	broken := metricValue(t, healthcheckBroken)
 	if rcode, _, err := serveRcode(f); rcode != dns.RcodeServerFailure || err == nil {
 		t.Errorf("Expected SERVFAIL with every upstream down, got rcode %d, error %v", rcode, err)
@@ -275,10 +285,8 @@ func TestServeDNSAllFail(t *testing.T) {
 
 func TestServeDNSFailfast(t *testing.T) {
 	cert := testCert(t)
-	f := newForward(t, cert, "failfast_all_unhealthy_upstreams", deadAddr(t, cert))
-	if rcode, _, err := serveRcode(f); rcode != dns.RcodeServerFailure || err == nil {
-		t.Fatalf("Expected SERVFAIL from the unreachable upstream, got rcode %d, error %v", rcode, err)
-	}
+	f := newForward(t, cert, "failfast_all_unhealthy_upstreams\nhealth_check 100ms", deadAddr(t, cert))
+	waitFor(t, "the first round of probes", f.Ready)
 	if rcode, _, err := serveRcode(f); rcode != dns.RcodeServerFailure || !errors.Is(err, ErrNoHealthy) {
 		t.Errorf("Expected SERVFAIL with ErrNoHealthy once every upstream is down, got rcode %d, error %v", rcode, err)
 	}
@@ -371,7 +379,7 @@ func TestServeDNSMatch(t *testing.T) {
 	cert := testCert(t)
 	s := startServer(t, cert, dottest.Options{})
 	ca := writeFile(t, t.TempDir(), "ca.pem", cert.CAPEM)
-	input := fmt.Sprintf("dotforward example.org tls://%s {\ntls %s\nexcept internal.example.org\n}",
+	input := fmt.Sprintf("dotforward example.org tls://%s {\ntls %s\nexcept internal.example.org\nhealth_check 0\n}",
 		strings.Replace(s.Addr, ":", "%"+dottest.ServerName+":", 1), ca)
 	fs, err := parse(caddy.NewTestController("dns", input))
 	if err != nil {
@@ -452,7 +460,7 @@ func TestReadyAndChain(t *testing.T) {
 	to := func(s *dottest.Server) string {
 		return "tls://" + strings.Replace(s.Addr, ":", "%"+dottest.ServerName+":", 1)
 	}
-	input := fmt.Sprintf("dotforward example.org %s {\ntls %s\n}\ndotforward . %s {\ntls %s\n}", to(a), ca, to(b), ca)
+	input := fmt.Sprintf("dotforward example.org %s {\ntls %s\nhealth_check 0\n}\ndotforward . %s {\ntls %s\nhealth_check 0\n}", to(a), ca, to(b), ca)
 	fs, err := parse(caddy.NewTestController("dns", input))
 	if err != nil || len(fs) != 2 {
 		t.Fatalf("Parsing two lines: %d instances, error %v", len(fs), err)
@@ -592,40 +600,35 @@ func histogramCount(t *testing.T, to string) uint64 {
 	return m.GetHistogram().GetSampleCount()
 }
 
-func TestDownAndRecheck(t *testing.T) {
+func TestDownAfterMaxFailsUpAtAnswer(t *testing.T) {
 	u := testUpstreams(1)[0]
-	u.recheck = time.Hour
 	if u.Down() {
 		t.Fatal("Expected a new upstream up")
 	}
-	u.markFailed()
+	u.markFailed(dot.ErrDial)
 	if u.Down() {
 		t.Errorf("Expected an upstream up after 1 of max_fails 2 failures")
 	}
-	u.markFailed()
+	u.markFailed(dot.ErrDial)
 	if !u.Down() {
-		t.Errorf("Expected an upstream down after max_fails 2 failures")
-	}
-	// Once the recheck time has come, exactly one caller gets to probe it.
-	u.retryAt.Store(time.Now().Add(-time.Second).UnixNano())
-	if u.Down() {
-		t.Errorf("Expected one probe query let through after the recheck interval")
-	}
-	if !u.Down() {
-		t.Errorf("Expected the upstream still down for the next caller")
+		t.Errorf("Expected an upstream down after exactly max_fails 2 failures")
 	}
 	u.markUp()
 	if u.Down() || u.fails.Load() != 0 {
 		t.Errorf("Expected an answer to bring the upstream back, fails reset")
 	}
-	u.failed(fmt.Errorf("%w: refused", dot.ErrUnavailable), 0)
-	if !u.Down() {
-		t.Errorf("Expected ErrUnavailable to mark the upstream down at once")
+	// Errors of single exchanges are not health failures: the pool reports the
+	// upstream's own failures separately.
+	for _, err := range []error{dot.ErrTimeout, dot.ErrUnavailable, dot.ErrConnLost} {
+		u.failed(err, time.Millisecond)
+	}
+	if u.Down() || u.fails.Load() != 0 {
+		t.Errorf("Expected exchange errors not to count as health failures")
 	}
 
 	never := newUpstream(dot.Config{Addr: "192.0.2.9:853"}, 0, healthCheck{})
 	for range 10 {
-		never.markFailed()
+		never.markFailed(dot.ErrDial)
 	}
 	if never.Down() {
 		t.Errorf("Expected max_fails 0 never to mark an upstream down")

@@ -118,7 +118,7 @@ func setupCases(t testing.TB) []setupCase {
 			for _, u := range f.upstreams {
 				c := u.cfg
 				expect(t, "max fails", u.maxFails, int32(5))
-				expect(t, "recheck", u.recheck, 2*time.Second)
+				expect(t, "health check", u.hc.interval, 2*time.Second)
 				expect(t, "pool fields", [...]any{c.MaxConns, c.MaxInflight, c.DialTimeout, c.ReadTimeout, c.StallTimeout, c.IdleTimeout, c.MaxAge, c.PadBlock, c.NoKeepalive, c.Dial != nil, len(c.Pins)},
 					[...]any{8, 256, 4 * time.Second, 1500 * time.Millisecond, 3 * time.Second, 20 * time.Second, time.Minute, -1, true, true, 2})
 			}

@@ -11,28 +11,28 @@ import (
 	"github.com/miekg/dns"
 )
 
-// upstream is one DoT server: its pool, its metrics, and what the handler and the
-// policies need to know about it (whether it is down, how fast it answers).
+// upstream is one DoT server: its pool, its metrics, its health, and what the
+// policies need to know about it (how fast it answers, how busy it is).
 //
-// Health is passive for now: an upstream is down after maxFails consecutive
-// failed exchanges, or at once when its pool reports dot.ErrUnavailable (no
-// connection and in dial backoff). While down it is skipped, except that one
-// query per recheck interval is let through as a probe: the pool answers it with
-// ErrUnavailable at no cost while its backoff lasts, and the first answer brings
-// the upstream back. Active probes (issue 4) replace the recheck by calling
-// markUp/markFailed from the prober.
+// Health: an upstream is down after maxFails consecutive failures and back up at
+// its next answer. Failures are failed health probes and the pool's own signals
+// (a failed dial or handshake, a connection that died before its first answer, a
+// stalled connection); a slow answer or a lost query on a live connection is not
+// one. The prober (health.go) probes through the pool, from startup on.
 type upstream struct {
 	addr     string
 	cfg      dot.Config
 	obs      *observer
+	hc       healthCheck
 	maxFails int32
-	recheck  time.Duration
 	addrFunc func() string // addr, for the dotforward/upstream metadata
 
 	pool     atomic.Pointer[dot.Pool]
-	fails    atomic.Int32 // consecutive failed exchanges
+	prober   *prober
+	fails    atomic.Int32 // consecutive failures
 	down     atomic.Bool
-	retryAt  atomic.Int64 // unix ns after which a down upstream gets one probe query
+	lastOK   atomic.Int64 // unix ns of the last answer
+	lastFail atomic.Int64 // unix ns of the last failure
 	rtt      atomic.Int64 // EWMA of answer time in ns; 0 until the first answer
 	inflight atomic.Int64
 }
@@ -42,18 +42,17 @@ func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
 		addr:     cfg.Addr,
 		cfg:      cfg,
 		obs:      newObserver(cfg.Addr),
+		hc:       hc,
 		maxFails: int32(min(maxFails, 1<<30)),
-		recheck:  hc.interval,
 	}
-	if u.recheck == 0 {
-		u.recheck = defaultHealthCheck
-	}
+	u.obs.onFailure = u.markFailed
 	u.cfg.Observer = u.obs
 	u.addrFunc = func() string { return u.addr }
 	return u
 }
 
-// start creates the pool. Calling it on a started upstream does nothing.
+// start creates the pool and starts probing. Calling it on a started upstream
+// does nothing.
 func (u *upstream) start() error {
 	if u.pool.Load() != nil {
 		return nil
@@ -64,30 +63,33 @@ func (u *upstream) start() error {
 	}
 	u.pool.Store(p)
 	u.obs.setHealthy(true)
+	if u.hc.interval > 0 && u.maxFails > 0 {
+		u.prober = newProber(u)
+		go u.prober.run()
+	}
 	return nil
 }
 
-// stop closes the pool; queries still using it fail with dot.ErrPoolClosed.
+// stop stops probing and closes the pool; queries still using it fail with
+// dot.ErrPoolClosed.
 func (u *upstream) stop() error {
+	if u.prober != nil {
+		u.prober.stop()
+	}
 	if p := u.pool.Load(); p != nil {
 		return p.Close()
 	}
 	return nil
 }
 
-// Down reports whether queries should skip the upstream. For a down upstream it
-// returns false once per recheck interval, so that one query probes it.
-func (u *upstream) Down() bool {
-	if !u.down.Load() {
-		return false
-	}
-	now := time.Now().UnixNano()
-	at := u.retryAt.Load()
-	if now < at {
-		return true
-	}
-	return !u.retryAt.CompareAndSwap(at, now+int64(u.recheck))
+// probed reports whether the first round of health probes has finished (true if
+// the upstream is not probed).
+func (u *upstream) probed() bool {
+	return u.prober == nil || u.prober.firstRoundDone()
 }
+
+// Down reports whether queries should skip the upstream.
+func (u *upstream) Down() bool { return u.down.Load() }
 
 // exchange sends r through the pool and updates health, latency and metrics.
 func (u *upstream) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
@@ -126,8 +128,11 @@ func callerExpired(ctx context.Context) bool {
 	return ok && !time.Now().Before(d)
 }
 
-// failed records a failed exchange. The client's deadline or cancellation and a
-// query the pool refused say nothing about the upstream and are not counted.
+// failed records a failed exchange for the latency estimate. Health is not
+// touched: the pool reports the failures that are the upstream's own through
+// dot.Observer.Failed, and a slow or lost query on a live connection is not one.
+// The client's deadline or cancellation and a query the pool refused say nothing
+// about the upstream.
 func (u *upstream) failed(err error, took time.Duration) {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dot.ErrBadQuery) {
 		return
@@ -135,33 +140,32 @@ func (u *upstream) failed(err error, took time.Duration) {
 	// A failure weighs as much as a read timeout in the latency estimate, so that
 	// the latency policy moves away from an upstream that fails fast.
 	u.observeRTT(max(took, u.readTimeout()))
-	if errors.Is(err, dot.ErrUnavailable) {
-		u.markDown()
-		return
-	}
-	u.markFailed()
 }
 
-// markFailed counts one consecutive failure and marks the upstream down at maxFails.
+// markFailed counts one consecutive failure; at maxFails the upstream is down.
 // maxFails 0 never marks it down.
-func (u *upstream) markFailed() {
+func (u *upstream) markFailed(err error) {
+	u.lastFail.Store(time.Now().UnixNano())
 	n := u.fails.Add(1)
 	if u.maxFails > 0 && n >= u.maxFails {
-		u.markDown()
+		u.markDown(err)
 	}
 }
 
-func (u *upstream) markDown() {
-	u.retryAt.Store(time.Now().Add(u.recheck).UnixNano())
+func (u *upstream) markDown(err error) {
 	if !u.down.Swap(true) {
 		u.obs.setHealthy(false)
-		log.Warningf("Upstream %s is down", u.addr)
+		log.Warningf("Upstream %s is down: %v", u.addr, err)
 	}
 }
 
+// markUp records an answer: the upstream works.
 func (u *upstream) markUp() {
-	u.fails.Store(0)
-	if u.down.Swap(false) {
+	u.lastOK.Store(time.Now().UnixNano())
+	if u.fails.Load() != 0 {
+		u.fails.Store(0)
+	}
+	if u.down.Load() && u.down.Swap(false) {
 		u.obs.setHealthy(true)
 		log.Infof("Upstream %s is back up", u.addr)
 	}

@@ -30,6 +30,8 @@ type call struct {
 	sentAt   atomic.Int64 // unix ns when the batch holding it was flushed; 0 before
 	id       uint16       // connection-local ID, set under conn.mu by register
 
+	ctxDeadline bool // deadline is the caller's context deadline, not ReadTimeout
+
 	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
 
 	// tombUntil, guarded by conn.mu, is non-zero once the caller gave up on the sent

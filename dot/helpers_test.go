@@ -85,6 +85,7 @@ type recorder struct {
 	drops    map[DropReason]int
 	replays  int
 	timeouts int
+	failures int
 }
 
 func newRecorder() *recorder {
@@ -125,6 +126,12 @@ func (r *recorder) TimedOut() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.timeouts++
+}
+
+func (r *recorder) Failed(error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failures++
 }
 
 func (r *recorder) get(f func(r *recorder) int) int {

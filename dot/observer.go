@@ -16,6 +16,10 @@ type Observer interface {
 	Replayed()
 	// TimedOut reports an attempt that got no answer within the read timeout.
 	TimedOut()
+	// Failed reports a failure of the upstream itself, as opposed to one slow or
+	// lost query: a dial or TLS handshake failed, a connection died before its
+	// first answer, or a connection stalled. It feeds health checking.
+	Failed(err error)
 }
 
 // CloseReason says why a connection closed.
@@ -71,3 +75,4 @@ func (nopObserver) Closed(CloseReason)                {}
 func (nopObserver) Dropped(DropReason)                {}
 func (nopObserver) Replayed()                         {}
 func (nopObserver) TimedOut()                         {}
+func (nopObserver) Failed(error)                      {}

@@ -93,6 +93,9 @@ func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 			return p.finish(c, q, res.frame)
 		}
 		switch {
+		case errors.Is(res.err, ErrTimeout) && cl.ctxDeadline:
+			// The caller's own deadline: say so, so it is not taken for a slow upstream.
+			return nil, fmt.Errorf("%w: %w", res.err, context.DeadlineExceeded)
 		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
 			moves++ // never written: another connection, at no cost
 		case !replayed && p.replayable(ctx, q, res.err):
@@ -128,11 +131,13 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 }
 
 func (p *Pool) newCall(ctx context.Context, q *query) *call {
+	cl := &call{q: q, resp: make(chan result, 1)}
 	deadline := time.Now().Add(p.cfg.ReadTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+		deadline, cl.ctxDeadline = d, true
 	}
-	return &call{q: q, deadline: deadline.UnixNano(), resp: make(chan result, 1)}
+	cl.deadline = deadline.UnixNano()
+	return cl
 }
 
 // acquire registers cl on the least-loaded usable connection, dialing one when all
@@ -267,20 +272,27 @@ func (p *Pool) dial() {
 	resumed := err == nil && tc.ConnectionState().DidResume
 	p.obs.Dialed(time.Since(start), resumed, err)
 
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrDial, err)
+	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	close(p.dialc)
 	p.dialc = nil
 	p.dialing.Store(false)
 	p.wakeLocked()
-	if err != nil {
-		p.failedLocked(fmt.Errorf("%w: %w", ErrDial, err))
+	switch {
+	case err != nil:
+		p.failedLocked(err)
+		p.mu.Unlock()
+		p.obs.Failed(err)
 		return
-	}
-	if p.closed {
+	case p.closed:
+		p.mu.Unlock()
 		tc.NetConn().Close()
+		p.obs.Closed(ClosePool) // Dialed reported it open
 		return
 	}
+	defer p.mu.Unlock()
 	c := newConn(p, tc)
 	conns := *p.conns.Load()
 	next := append(conns[:len(conns):len(conns)], c)
@@ -351,12 +363,23 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, proven bool) {
 		}
 	}
 	p.conns.Store(&next)
-	if !proven && (reason == CloseServer || reason == CloseError || reason == CloseStall) {
-		p.failedLocked(fmt.Errorf("%w before first answer (%s)", ErrConnLost, reason))
+	// A connection that never answered arms the dial backoff. A stall is a
+	// failure for health checking even after answers (a black hole), but does not
+	// delay the redial its queries' replay needs.
+	var failure error
+	switch {
+	case !proven && (reason == CloseServer || reason == CloseError || reason == CloseStall):
+		failure = fmt.Errorf("%w before its first answer (%s)", ErrConnLost, reason)
+		p.failedLocked(failure)
+	case reason == CloseStall:
+		failure = ErrStalled
 	}
 	p.wakeLocked()
 	p.mu.Unlock()
 	p.obs.Closed(reason)
+	if failure != nil {
+		p.obs.Failed(failure)
+	}
 }
 
 // slotFreed wakes callers waiting for capacity, if there are any.

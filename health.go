@@ -1,0 +1,91 @@
+package dotforward
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/dotforward/dotforward/dot"
+	"github.com/miekg/dns"
+)
+
+// prober sends active health probes for one upstream, through its pool (so a probe
+// rides an open connection instead of paying a TLS handshake): once at startup,
+// then every health_check interval unless an answer arrived in the meantime.
+type prober struct {
+	u      *upstream
+	msg    *dns.Msg // never modified: the pool packs it without touching it
+	ctx    context.Context
+	cancel context.CancelFunc
+	first  chan struct{} // closed once the first round has finished
+	done   chan struct{} // closed when run returns
+}
+
+func newProber(u *upstream) *prober {
+	m := new(dns.Msg)
+	m.SetQuestion(u.hc.domain, dns.TypeNS)
+	m.RecursionDesired = !u.hc.noRec
+	ctx, cancel := context.WithCancel(context.Background())
+	return &prober{u: u, msg: m, ctx: ctx, cancel: cancel, first: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (p *prober) run() {
+	defer close(p.done)
+	// An upstream that fails its very first probe starts down, so that it is
+	// skipped from the first client query on rather than after max_fails of them.
+	if err := p.probe(); err != nil {
+		p.u.markDown(err)
+	}
+	close(p.first)
+	t := time.NewTicker(p.u.hc.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+			// Answers to client queries prove health as well as a probe does.
+			if p.u.Down() || time.Since(time.Unix(0, p.u.lastOK.Load())) >= p.u.hc.interval {
+				p.probe()
+			}
+		}
+	}
+}
+
+// probe sends one probe and records its outcome. Any answer counts, whatever its
+// rcode: the upstream is reachable and speaks DNS. While the pool is in dial
+// backoff it answers ErrUnavailable without trying; that is no new evidence and
+// is not counted again (the failed dial was).
+func (p *prober) probe() error {
+	pool := p.u.pool.Load()
+	ctx, cancel := context.WithTimeout(p.ctx, p.u.readTimeout())
+	defer cancel()
+	_, err := pool.Exchange(ctx, p.msg)
+	switch {
+	case err == nil:
+		p.u.markUp()
+	case p.ctx.Err() != nil:
+		return err // stopping
+	case errors.Is(err, dot.ErrUnavailable):
+		p.u.obs.HealthCheckFailed()
+	default:
+		p.u.obs.HealthCheckFailed()
+		p.u.markFailed(err)
+	}
+	return err
+}
+
+func (p *prober) firstRoundDone() bool {
+	select {
+	case <-p.first:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop ends probing and waits for the prober to return.
+func (p *prober) stop() {
+	p.cancel()
+	<-p.done
+}

@@ -1,0 +1,143 @@
+package dotforward
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// Probes ride the pool's connection: many probes, one handshake.
+func TestProbesReusePooledConnection(t *testing.T) {
+	cert := testCert(t)
+	s := startServer(t, cert, dottest.Options{})
+	f := newForward(t, cert, "health_check 20ms", s.Addr)
+	waitFor(t, "ten probes", func() bool { return s.Queries() >= 10 })
+	if h := s.Handshakes(); h != 1 {
+		t.Errorf("Expected 10 probes over 1 connection, got %d handshakes", h)
+	}
+	if !f.Ready() {
+		t.Error("Expected ready after the first round of probes")
+	}
+}
+
+// Client answers prove health as well as probes: a busy upstream is not probed.
+func TestNoProbesWhileAnswersFlow(t *testing.T) {
+	cert := testCert(t)
+	var probes atomic.Int64
+	s := startServer(t, cert, dottest.Options{OnQuery: func(wire []byte) {
+		m := new(dns.Msg)
+		if m.Unpack(wire) == nil && m.Question[0].Qtype == dns.TypeNS {
+			probes.Add(1)
+		}
+	}})
+	f := newForward(t, cert, "health_check 50ms", s.Addr)
+	waitFor(t, "the first probe", f.Ready)
+	before := probes.Load()
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		if _, rcode, err := serve(f, newMsg("busy.example.org.", dns.TypeA)); rcode != dns.RcodeSuccess {
+			t.Fatalf("Query failed: rcode %d, %v", rcode, err)
+		}
+	}
+	if got := probes.Load() - before; got > 1 {
+		t.Errorf("Expected no probes while answers flow, got %d in 300ms", got)
+	}
+}
+
+// Ready means started and first probe round done, not "an upstream is up": it
+// stays true when the upstream goes away.
+func TestReadyDoesNotFollowUpstreamHealth(t *testing.T) {
+	cert := testCert(t)
+	s := startServer(t, cert, dottest.Options{})
+	f := newForward(t, cert, "health_check 20ms\nmax_fails 1", s.Addr)
+	waitFor(t, "ready", f.Ready)
+	s.Close()
+	waitFor(t, "the upstream marked down", f.upstreams[0].Down)
+	if !f.Ready() {
+		t.Error("Expected ready to stay true while the only upstream is down")
+	}
+}
+
+// Killing one of two upstreams under steady load fails (almost) nothing, and the
+// upstream takes queries again soon after it restarts.
+func TestFailoverAndRecoveryUnderLoad(t *testing.T) {
+	cert := testCert(t)
+	a := startServer(t, cert, dottest.Options{})
+	b := startServer(t, cert, dottest.Options{})
+	f := newForward(t, cert, "policy round_robin\nhealth_check 100ms", a.Addr, b.Addr)
+	waitFor(t, "ready", f.Ready)
+
+	var sent, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sent.Add(1)
+				if _, rcode, _ := serve(f, newMsg(fmt.Sprintf("w%d-%d.example.org.", w, i), dns.TypeA)); rcode != dns.RcodeSuccess {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	})
+	waitFor(t, "load on both upstreams", func() bool { return a.Queries() > 200 && b.Queries() > 200 })
+	a.Close()
+	killedAt := time.Now()
+	waitFor(t, "the killed upstream marked down", f.upstreams[0].Down)
+	t.Logf("Marked down %v after the kill", time.Since(killedAt).Round(time.Millisecond))
+	waitFor(t, "more load on the survivor", func() bool { return b.Queries() > 2000 })
+
+	restarted, err := dottest.New(dottest.Options{Cert: cert, Addr: a.Addr})
+	if err != nil {
+		t.Fatalf("Restarting the upstream on %s: %v", a.Addr, err)
+	}
+	defer restarted.Close()
+	restartedAt := time.Now()
+	waitFor(t, "client queries at the restarted upstream", func() bool { return restarted.Queries() > 100 })
+	t.Logf("Restarted upstream took 100 queries %v after its restart", time.Since(restartedAt).Round(time.Millisecond))
+	close(stop)
+	wg.Wait()
+
+	if ratio := float64(failed.Load()) / float64(sent.Load()); ratio > 0.005 {
+		t.Errorf("Expected at most 0.5%% failed queries, got %d of %d", failed.Load(), sent.Load())
+	}
+	t.Logf("Failed %d of %d queries", failed.Load(), sent.Load())
+}
+
+// A server that accepts TLS and closes at once does not cause a reconnect storm,
+// probes included: the pool's backoff only resets on an answer.
+func TestHandshakeThenCloseDoesNotStorm(t *testing.T) {
+	cert := testCert(t)
+	s := startServer(t, cert, dottest.Options{CloseAfterHandshake: true})
+	f := newForward(t, cert, "health_check 10ms", s.Addr)
+	waitFor(t, "ready", f.Ready)
+	start := time.Now()
+	for time.Since(start) < time.Second {
+		serve(f, newMsg("storm.example.org.", dns.TypeA))
+	}
+	if h := s.Handshakes(); h > 8 {
+		t.Errorf("Expected a handful of handshakes in a second of queries and probes, got %d", h)
+	}
+	if !f.upstreams[0].Down() {
+		t.Error("Expected the upstream down")
+	}
+}
