@@ -127,13 +127,20 @@ const (
 	resumeRun = 300
 )
 
-// TestUpstreamRestartUnderLoad kills unbound by its PID while queries stream
-// through dotforward and starts it again on the same port. The queries that fail
-// are at most those in flight when it died (plus those sent while it was down),
-// and traffic resumes by itself, with no client action and no front restart.
+// TestUpstreamRestartUnderLoad kills each real DoT server by its PID while queries
+// stream through dotforward and starts it again on the same port. The queries that
+// fail are at most those in flight when it died (plus those sent while it was
+// down), and traffic resumes by itself, with no client action and no front restart.
 func TestUpstreamRestartUnderLoad(t *testing.T) {
-	c := newCerts(t)
-	u := startUnbound(t, c, unboundOpts{})
+	for _, k := range upstreamKinds {
+		t.Run(k.name, func(t *testing.T) {
+			c := newCerts(t)
+			restartUnderLoad(t, c, k.start(t, c))
+		})
+	}
+}
+
+func restartUnderLoad(t *testing.T, c *certs, u *dotServer) {
 	f := startFront(t, c, frontOpts{Upstreams: []string{u.addr}})
 	load := startLoad(t, f.addr, faultWorkers, faultMax, faultBudget)
 	load.awaitOK(t, 500, 20*time.Second)
@@ -149,6 +156,7 @@ func TestUpstreamRestartUnderLoad(t *testing.T) {
 	})
 	u.restart(t)
 	back := time.Now()
+	t.Logf("%s down for %v", u.name, back.Sub(killAt).Round(time.Millisecond))
 
 	var resumedAt time.Time
 	waitFor(t, "traffic to resume after the restart", resumeTimeout, f.p, func() error {
@@ -181,7 +189,7 @@ func TestUpstreamRestartUnderLoad(t *testing.T) {
 		}
 	}
 	after, allOK := okSince(outs, resumedAt)
-	t.Logf("Restart under load: %d queries, %d in flight at the kill, %d of them lost, %d failed while down or reconnecting; traffic resumed %v after unbound was back, %d answered after that",
+	t.Logf("Restart under load: %d queries, %d in flight at the kill, %d of them lost, %d failed while down or reconnecting; traffic resumed %v after the server was back, %d answered after that",
 		len(outs), inflight, lost, down, resumedAt.Sub(back).Round(time.Millisecond), after)
 	if before != 0 {
 		t.Errorf("%d queries failed before the upstream was killed", before)
@@ -337,13 +345,20 @@ func TestServerCutsBusyConnections(t *testing.T) {
 
 	const total = 3000
 	res := runLoad("udp", f.addr, total, loadWorkers, loadBudget)
-	requireAllAnswered(t, "dnsdist cutting every "+fmt.Sprint(cutAfter)+" queries", res, total)
 	text := scrape(t, f.metrics)
 	to := label("to", d.addr)
 	dials, _ := metricSum(text, "coredns_dotforward_dials_total", to, label("result", "ok"))
+	t.Logf("%v connections dialed; closes, replays, drops, timeouts:\n%s", dials,
+		grepLines(text, "coredns_dotforward_conn_closes_total", "coredns_dotforward_replays_total",
+			"coredns_dotforward_dropped_total", "coredns_dotforward_timeouts_total", "coredns_dotforward_responses_total"))
+	requireAllAnswered(t, "dnsdist cutting every "+fmt.Sprint(cutAfter)+" queries", res, total)
+	// dnsdist ends a cut connection within milliseconds: an attempt that waits out
+	// the read timeout is a query the pool lost track of, hidden from the client
+	// only by a retry.
+	if n, _ := metricSum(text, "coredns_dotforward_timeouts_total", to); n > 0 {
+		t.Errorf("%v attempts timed out against a server that answers in milliseconds", n)
+	}
 	if dials < total/cutAfter {
 		t.Errorf("%v connections for %d queries; dnsdist's limit of %d per connection did not bite", dials, total, cutAfter)
 	}
-	t.Logf("%v connections dialed; closes, replays and drops:\n%s", dials,
-		grepLines(text, "coredns_dotforward_conn_closes_total", "coredns_dotforward_replays_total", "coredns_dotforward_dropped_total"))
 }
