@@ -290,6 +290,17 @@ func TestUpstreamIdleCloseShorterThanPool(t *testing.T) {
 	t.Logf("Idle closes by unbound, then queries: all answered; dotforward close counts:\n%s", grepLines(text, "coredns_dotforward_conn_closes_total"))
 }
 
+// TestTwoUpstreamsOneNeverUp forwards to two upstreams of which one never listens
+// (its dials are refused): every query is answered through the other.
+func TestTwoUpstreamsOneNeverUp(t *testing.T) {
+	c := newCerts(t)
+	b := startUnbound(t, c, unboundOpts{})
+	dead := addr(freePort(t)) // nothing listens here
+	f := startFront(t, c, frontOpts{Upstreams: []string{dead, b.addr}})
+	res := runLoad("udp", f.addr, loadQueries/2, loadWorkers, loadBudget)
+	requireAllAnswered(t, "one upstream refusing connections", res, loadQueries/2)
+}
+
 // TestTwoUpstreamsOneStopped forwards to two unbounds and kills one under load:
 // every query is still answered correctly, through the other. Started again, the
 // stopped one gets queries once more.

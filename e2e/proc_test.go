@@ -226,3 +226,27 @@ func run(t testing.TB, timeout time.Duration, bin string, args ...string) (strin
 		return out.String(), fmt.Errorf("%s %s: killed after %v", bin, strings.Join(args, " "), timeout)
 	}
 }
+
+// fatalRecorder is a testing.TB whose Fatalf only records the message.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Helper() {}
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+}
+
+// TestMissingToolFails proves that a missing server or client fails a test with a
+// pointer to the installer, rather than skipping it.
+func TestMissingToolFails(t *testing.T) {
+	r := &fatalRecorder{TB: t}
+	tool(r, "dotforward-e2e-no-such-tool")
+	if !strings.Contains(r.msg, "scripts/install-deps.sh") || !strings.Contains(r.msg, "dotforward-e2e-no-such-tool") {
+		t.Fatalf("A missing tool gave %q, want a failure naming it and scripts/install-deps.sh", r.msg)
+	}
+	if p := tool(t, "unbound"); !strings.HasSuffix(p, "/unbound") {
+		t.Fatalf("tool(unbound) = %q", p)
+	}
+}
