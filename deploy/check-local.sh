@@ -172,7 +172,7 @@ pids+=($!)
 waitfor http://127.0.0.1:9090/-/ready
 for i in $(seq 1 50); do echo "n$i.example.org A"; echo "example.org A"; done >queries.txt
 timeout 30 dnsperf -s 169.254.20.10 -d queries.txt -l 10 -Q 200 >dnsperf.log 2>&1 || fail "dnsperf"
-python3 - <<'EOF'
+python3 - "$root/deploy/grafana/dotforward-dashboard.json" <<'EOF'
 import json, sys, urllib.parse, urllib.request
 empty = []
 for e in json.load(open("exprs.json")):
@@ -189,6 +189,19 @@ unexpected = [e for e in empty if not any(ev in e for ev in events)]
 if unexpected:
     metrics = urllib.request.urlopen("http://127.0.0.1:9253/metrics").read().decode()
     sys.exit("FAIL queries without data: %s\n%s" % (unexpected, "\n".join(l for l in metrics.splitlines() if l.startswith("coredns_dotforward_") and "_bucket" not in l)))
+# The template variables: label_values(SELECTOR, LABEL) as Grafana asks it.
+dash = json.load(open(sys.argv[1]))
+for v in dash["templating"]["list"]:
+    q = v.get("query")
+    if v.get("type") != "query":
+        continue
+    sel, label = q[len("label_values("):-1].rsplit(",", 1)
+    sel = sel.replace("$instance", ".*")
+    url = "http://127.0.0.1:9090/api/v1/label/%s/values?" % label.strip() + urllib.parse.urlencode({"match[]": sel})
+    values = json.load(urllib.request.urlopen(url))["data"]
+    if not values:
+        sys.exit("FAIL variable %s: %s returns no values" % (v["name"], q))
+print("ok   template variables return values: %s" % ", ".join(v["name"] for v in dash["templating"]["list"] if v.get("type") == "query"))
 print("ok   Prometheus returns data for every dashboard query (%d without data, on events that did not happen: %s)" % (len(empty), ", ".join(ev for ev in events if any(ev in e for e in empty)) or "none"))
 EOF
 
