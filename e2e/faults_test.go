@@ -243,6 +243,11 @@ func firstErrors(outs []outcome, since time.Time) []string {
 	return errs
 }
 
+// sparseProbes spaces dotforward's active health probes far apart. They ride the
+// pooled connection whenever no answer came for an interval (default 500 ms), so
+// with the default a connection is never idle and idle timeouts never bite.
+const sparseProbes = "health_check 60s"
+
 // TestUpstreamIdleCloseShorterThanPool gives unbound a 1 s idle timeout, well under
 // dotforward's: unbound closes the pooled connection between queries. Queries
 // sent after such a close, and queries spaced right around the timeout (when the
@@ -250,7 +255,7 @@ func firstErrors(outs []outcome, since time.Time) []string {
 func TestUpstreamIdleCloseShorterThanPool(t *testing.T) {
 	c := newCerts(t)
 	u := startUnbound(t, c, unboundOpts{IdleTimeoutMS: 1000})
-	f := startFront(t, c, frontOpts{Upstreams: []string{u.addr}, Prometheus: true})
+	f := startFront(t, c, frontOpts{Upstreams: []string{u.addr}, Prometheus: true, Options: []string{sparseProbes}})
 	to := label("to", u.addr)
 
 	ask := func(i int) {
@@ -288,6 +293,40 @@ func TestUpstreamIdleCloseShorterThanPool(t *testing.T) {
 		t.Errorf("Only %v connection closes seen; unbound's idle timeout did not bite", closes)
 	}
 	t.Logf("Idle closes by unbound, then queries: all answered; dotforward close counts:\n%s", grepLines(text, "coredns_dotforward_conn_closes_total"))
+}
+
+// TestUpstreamKeepaliveTimeout gives unbound an RFC 7828 keepalive timeout of
+// 1.5 s, and dotforward an idle timeout of 60 s: dotforward must learn unbound's
+// timeout from its answers and close the idle connection itself, before unbound
+// does, so that no query is ever written into a connection the server is closing.
+func TestUpstreamKeepaliveTimeout(t *testing.T) {
+	c := newCerts(t)
+	u := startUnbound(t, c, unboundOpts{KeepaliveMS: 1500})
+	f := startFront(t, c, frontOpts{Upstreams: []string{u.addr}, Prometheus: true, Options: []string{"expire 60s", sparseProbes}})
+	to := label("to", u.addr)
+	for i := range 3 {
+		r, err := exchange("udp", f.addr, nil, newQuery(hostName(i), dns.TypeA))
+		if err == nil {
+			err = checkAnswer(r, dns.TypeA, hostAddr(i))
+		}
+		if err != nil {
+			t.Fatalf("Query %d: %v", i, err)
+		}
+		waitFor(t, "the idle connection to close", 15*time.Second, f.p, func() error {
+			if n, _ := metricSum(scrape(t, f.metrics), "coredns_dotforward_conns_open", to); n != 0 {
+				return fmt.Errorf("%v connections open", n)
+			}
+			return nil
+		})
+	}
+	text := scrape(t, f.metrics)
+	idle, _ := metricSum(text, "coredns_dotforward_conn_closes_total", to, label("reason", "idle"))
+	server, _ := metricSum(text, "coredns_dotforward_conn_closes_total", to, label("reason", "server_close"))
+	if idle < 3 || server != 0 {
+		t.Fatalf("Closes: %v idle by dotforward, %v by unbound; want dotforward to close all 3 first:\n%s",
+			idle, server, grepLines(text, "coredns_dotforward_conn_closes_total"))
+	}
+	t.Logf("dotforward closed all %v idle connections before unbound's 1.5 s keepalive timeout", idle)
 }
 
 // TestTwoUpstreamsOneNeverUp forwards to two upstreams of which one never listens

@@ -93,6 +93,27 @@ func checkSemantics(t *testing.T, front string) {
 			t.Errorf("Answer to a DO query does not echo the DO bit: %v", opt)
 		}
 	})
+	t.Run("HopByHopOptionsStripped", func(t *testing.T) {
+		// Padding and keepalive are options of the DoT hop (RFC 7830, 7828): the
+		// servers may put them in their answers, the client must not see them.
+		for _, network := range []string{"udp", "tcp"} {
+			m := newQuery(aName, dns.TypeA)
+			m.SetEdns0(1232, false)
+			r, err := exchange(network, front, nil, m)
+			if err != nil {
+				t.Fatalf("EDNS query over %s: %v", network, err)
+			}
+			opt := r.IsEdns0()
+			if opt == nil {
+				t.Fatalf("Answer over %s to an EDNS query has no OPT record", network)
+			}
+			for _, o := range opt.Option {
+				if c := o.Option(); c == dns.EDNS0PADDING || c == dns.EDNS0TCPKEEPALIVE {
+					t.Errorf("Answer over %s carries the DoT hop's EDNS option %d: %v", network, c, opt)
+				}
+			}
+		}
+	})
 	t.Run("LargeOverUDPTruncated", func(t *testing.T) {
 		r, err := exchange("udp", front, nil, newQuery(bigName, dns.TypeTXT))
 		if err != nil {

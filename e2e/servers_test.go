@@ -75,6 +75,10 @@ type unboundOpts struct {
 	// IdleTimeoutMS is tcp-idle-timeout: how long unbound keeps an idle DoT
 	// connection open. Default 30000.
 	IdleTimeoutMS int
+	// KeepaliveMS, if set, turns on edns-tcp-keepalive with this timeout: unbound
+	// then tells clients that send the option (RFC 7828) how long it keeps idle
+	// connections, and closes them after that.
+	KeepaliveMS int
 }
 
 func startUnbound(t testing.TB, c *certs, o unboundOpts) *unbound {
@@ -88,7 +92,8 @@ func startUnbound(t testing.TB, c *certs, o unboundOpts) *unbound {
 	tlsPort, plainPort := freePort(t), freePort(t)
 	conf := render(t, "unbound.conf.tmpl", dir, "unbound.conf", map[string]any{
 		"Dir": dir, "TLSPort": tlsPort, "PlainPort": plainPort, "ControlPort": freePort(t),
-		"Cert": c.Cert, "Key": c.Key, "IdleTimeoutMS": o.IdleTimeoutMS, "Records": zoneRecords(),
+		"Cert": c.Cert, "Key": c.Key, "IdleTimeoutMS": o.IdleTimeoutMS, "KeepaliveMS": o.KeepaliveMS,
+		"Records": zoneRecords(),
 	})
 	u := &unbound{plain: addr(plainPort), conf: conf}
 	u.dotServer = &dotServer{name: "unbound", addr: addr(tlsPort), certs: c}
