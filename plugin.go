@@ -82,9 +82,8 @@ func (f *DoTForward) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	}
 	defer f.release()
 
-	ctx, cancel := context.WithTimeout(ctx, f.timeout)
-	defer cancel()
-	ret, err := f.forward(ctx, r)
+	// A deadline rather than a context with a timeout: no timer per query.
+	ret, err := f.forward(ctx, r, time.Now().Add(f.timeout))
 	if err != nil {
 		return errorRcode(err), plugin.Error(f.Name(), err)
 	}
@@ -152,11 +151,11 @@ func (f *DoTForward) release() {
 }
 
 // forward tries the upstreams in policy order until one answers with an rcode
-// not listed in failover, the attempts run out or ctx ends. Upstreams that fail
+// not listed in failover, the attempts run out, the deadline passes or ctx ends. Upstreams that fail
 // with a transient error (timeout, lost connection, failed dial) are tried again
 // on the next pass; ones that are unavailable or answered with a failover rcode
 // are not. If only failover answers came, the last one is returned.
-func (f *DoTForward) forward(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+func (f *DoTForward) forward(ctx context.Context, r *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 	list, err := f.candidates()
 	if err != nil {
 		return nil, err
@@ -164,13 +163,16 @@ func (f *DoTForward) forward(ctx context.Context, r *dns.Msg) (*dns.Msg, error) 
 	var last *dns.Msg
 	lastErr := ErrNoHealthy
 	for i, attempts := 0, 0; len(list) > 0 && (f.maxAttempts == 0 || attempts < f.maxAttempts); attempts++ {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w (last error: %w)", ctx.Err(), lastErr)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("%w (last error: %w)", err, lastErr)
+		}
+		if !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("%w (last error: %w)", context.DeadlineExceeded, lastErr)
 		}
 		i %= len(list)
 		u := list[i]
 		metadata.SetValueFunc(ctx, "dotforward/upstream", u.addrFunc)
-		ret, err := u.exchange(ctx, r)
+		ret, err := u.exchange(ctx, r, deadline)
 		switch {
 		case err == nil && !f.failover[ret.Rcode]:
 			return ret, nil
@@ -203,14 +205,23 @@ func retryable(err error) bool {
 // ones. When all are down it returns the one that failed least recently, or
 // ErrNoHealthy with failfast_all_unhealthy_upstreams.
 func (f *DoTForward) candidates() ([]*upstream, error) {
-	ordered := f.policy.List(f.upstreams)
-	up := ordered[:0:0]
+	ordered := f.policy.List(f.upstreams) // a fresh slice, ours to change
+	down := 0
 	for _, u := range ordered {
-		if !u.Down() {
-			up = append(up, u)
+		if u.Down() {
+			down++
 		}
 	}
-	if len(up) > 0 {
+	if down == 0 {
+		return ordered, nil
+	}
+	if down < len(ordered) {
+		up := make([]*upstream, 0, len(ordered)-down)
+		for _, u := range ordered {
+			if !u.Down() {
+				up = append(up, u)
+			}
+		}
 		return up, nil
 	}
 	healthcheckBroken.Inc()

@@ -92,7 +92,7 @@ func (u *upstream) probed() bool {
 func (u *upstream) Down() bool { return u.down.Load() }
 
 // exchange sends r through the pool and updates health, latency and metrics.
-func (u *upstream) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
+func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 	p := u.pool.Load()
 	if p == nil {
 		return nil, ErrNotStarted
@@ -100,32 +100,23 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg) (*dns.Msg, error) {
 	u.obs.begin()
 	u.inflight.Add(1)
 	start := time.Now()
-	ret, err := p.Exchange(ctx, r)
-	took := time.Since(start)
+	ret, err := p.ExchangeDeadline(ctx, r, deadline)
+	end := time.Now()
+	took := end.Sub(start)
 	u.inflight.Add(-1)
 	u.obs.end(took, ret)
 	if err != nil {
 		// When the caller's deadline or cancellation cut the attempt short, the
 		// pool may report it as its own timeout: neither says anything about the
 		// upstream, so only failures with time left count.
-		if !callerExpired(ctx) {
+		if ctx.Err() == nil && end.Before(deadline) {
 			u.failed(err, took)
 		}
 		return nil, err
 	}
-	u.markUp()
+	u.markUpAt(end)
 	u.observeRTT(took)
 	return ret, nil
-}
-
-// callerExpired reports whether ctx is done or past its deadline (the pool's
-// sweeper can time a call out at the deadline just before ctx notices).
-func callerExpired(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
 }
 
 // failed records a failed exchange for the latency estimate. Health is not
@@ -160,8 +151,10 @@ func (u *upstream) markDown(err error) {
 }
 
 // markUp records an answer: the upstream works.
-func (u *upstream) markUp() {
-	u.lastOK.Store(time.Now().UnixNano())
+func (u *upstream) markUp() { u.markUpAt(time.Now()) }
+
+func (u *upstream) markUpAt(now time.Time) {
+	u.lastOK.Store(now.UnixNano())
 	if u.fails.Load() != 0 {
 		u.fails.Store(0)
 	}

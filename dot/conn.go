@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,9 +29,10 @@ type call struct {
 	resp     chan result // cap 1; exactly one completion is ever sent (see conn.mu)
 	state    atomic.Int32
 	sentAt   atomic.Int64 // unix ns when the batch holding it was flushed; 0 before
+	readsAt  atomic.Int64 // the connection's frames read when it was flushed
 	id       uint16       // connection-local ID, set under conn.mu by register
 
-	ctxDeadline bool // deadline is the caller's context deadline, not ReadTimeout
+	callerDeadline bool // deadline is the caller's, not ReadTimeout
 
 	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
 
@@ -70,8 +72,8 @@ type conn struct {
 
 	load     atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
 	unusable atomic.Bool  // closed or draining; written under mu
-	lastRead atomic.Int64 // unix ns of the last frame read
-	lastUsed atomic.Int64 // unix ns of the last query registered or answered
+	reads    atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
+	lastUsed atomic.Int64 // pool clock (coarse) of the last query registered or answered
 
 	mu       sync.Mutex
 	calls    map[uint16]*call // guarded by mu: live calls and tombstones by ID
@@ -101,7 +103,6 @@ func newConn(p *Pool, tc *tls.Conn) *conn {
 		idle:     p.cfg.IdleTimeout,
 		limit:    int(p.learnedLimit()),
 	}
-	c.lastRead.Store(now)
 	c.lastUsed.Store(now)
 	return c
 }
@@ -132,7 +133,7 @@ func (c *conn) register(cl *call) bool {
 		c.setDrainingLocked(CloseLimit)
 	}
 	c.mu.Unlock()
-	c.lastUsed.Store(nanotime())
+	c.lastUsed.Store(c.pool.clock.Load())
 	select {
 	case c.writeq <- cl:
 		return true
@@ -163,6 +164,7 @@ func (c *conn) writeLoop() {
 			return
 		}
 		batch = batch[:0]
+		yielded := false
 		for cl != nil {
 			if cl.state.CompareAndSwap(callQueued, callSent) {
 				// The shared wire is never written to: our length and ID go in front.
@@ -176,15 +178,30 @@ func (c *conn) writeLoop() {
 			case cl = <-c.writeq:
 			default:
 				cl = nil
+				if !yielded && c.bw.Buffered() < coalesceBytes {
+					// Let callers that are about to queue do so, and take them in
+					// this write (gRPC's loopy writer does the same): one syscall
+					// and one TLS record for the burst instead of one each.
+					yielded = true
+					runtime.Gosched()
+					select {
+					case cl = <-c.writeq:
+					default:
+					}
+				}
 			}
 		}
 		if len(batch) == 0 {
 			continue
 		}
+		// Frames read before the write cannot be answers to this batch: whatever is
+		// read from now on counts as "read since it was sent".
+		reads := c.reads.Load()
 		c.tc.SetWriteDeadline(time.Now().Add(c.pool.cfg.WriteTimeout))
 		err := c.bw.Flush() // bufio keeps the first error: it is sticky
 		now := nanotime()
 		for _, b := range batch {
+			b.readsAt.Store(reads)
 			b.sentAt.Store(now)
 		}
 		clear(batch)
@@ -214,7 +231,7 @@ func (c *conn) readFrames(r io.Reader) error {
 		if _, err := io.ReadFull(r, frame); err != nil {
 			return err
 		}
-		c.lastRead.Store(nanotime())
+		c.reads.Add(1)
 		c.dispatch(frame)
 	}
 }
@@ -278,7 +295,7 @@ func (c *conn) dispatch(frame []byte) {
 		c.pool.obs.Dropped(drop)
 	} else {
 		cl.complete(result{frame: frame})
-		c.lastUsed.Store(nanotime())
+		c.lastUsed.Store(c.pool.clock.Load())
 	}
 	if first {
 		c.pool.answered()
@@ -343,7 +360,7 @@ func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 func (c *conn) sweep(now int64) {
 	cfg := &c.pool.cfg
 	var expired []*call
-	var oldest int64 // oldest sentAt among outstanding written queries
+	var oldest *call // the outstanding written query sent first
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -358,8 +375,8 @@ func (c *conn) sweep(now int64) {
 			c.giveUpLocked(cl, now)
 			expired = append(expired, cl)
 		}
-		if s := cl.sentAt.Load(); s != 0 && (oldest == 0 || s < oldest) {
-			oldest = s
+		if s := cl.sentAt.Load(); s != 0 && (oldest == nil || s < oldest.sentAt.Load()) {
+			oldest = cl
 		}
 	}
 	if cfg.MaxAge > 0 && c.draining < 0 && now-c.born > int64(cfg.MaxAge) {
@@ -368,7 +385,7 @@ func (c *conn) sweep(now int64) {
 	// Stalled: the oldest outstanding query is older than the stall timeout and not
 	// a single frame was read since it was written. A slow answer on a connection
 	// that is still answering others is not a stall.
-	stalled := oldest != 0 && now-oldest > int64(cfg.StallTimeout) && c.lastRead.Load() < oldest
+	stalled := oldest != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) && c.reads.Load() == oldest.readsAt.Load()
 	idle := len(c.calls) == 0 && now-c.lastUsed.Load() > int64(c.idle)
 	drain := c.drainedLocked()
 	c.mu.Unlock()
@@ -480,6 +497,9 @@ func (c *conn) closeSocket() {
 }
 
 const closeGrace = 250 * time.Millisecond
+
+// coalesceBytes: below this much buffered, the writer yields once before flushing.
+const coalesceBytes = 4 << 10
 
 // connLostError is returned for a written query whose connection died.
 type connLostError struct {

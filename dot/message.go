@@ -2,6 +2,7 @@ package dot
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/miekg/dns"
@@ -28,7 +29,9 @@ func hopByHop(code uint16) bool {
 }
 
 // prepareQuery packs m for the upstream: the client's OPT without hop-by-hop options,
-// plus our keepalive and padding options. m itself is not modified.
+// plus our keepalive and padding options. m itself is not modified. The OPT is
+// edited on the wire after one pack, so that the hot path copies no dns.Msg and
+// builds no RR.
 func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 	if len(m.Question) != 1 {
 		return nil, fmt.Errorf("%w: %d questions", ErrBadQuery, len(m.Question))
@@ -37,30 +40,25 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 		return nil, fmt.Errorf("%w: zone transfer", ErrBadQuery)
 	}
 	q := &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
-	out := *m // shallow copy: only Extra is replaced
-	pad := 0
-	if m.IsTsig() == nil {
+	wire, err := packQuery(m)
+	if err != nil {
+		return nil, err
+	}
+	if m.IsTsig() != nil {
 		// A TSIG MAC covers the additional section, so a signed query is forwarded as
 		// it is (TSIG's original ID field makes the ID rewrite safe).
-		out.Extra, q.clientOPT = upstreamExtra(m.Extra, padBlock > 0, keepalive)
-		if padBlock > 0 {
-			pad = padBlock
-		}
-	} else {
 		q.clientOPT = m.IsEdns0() != nil
-	}
-	buf := make([]byte, 2+256)
-	msg, err := out.PackBuffer(buf[2:])
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
-	}
-	if &msg[0] != &buf[2] { // did not fit: re-home behind a length prefix
-		buf = make([]byte, 2+len(msg), 2+len(msg)+pad)
-		copy(buf[2:], msg)
-	}
-	wire := buf[:2+len(msg)]
-	if pad > 0 {
-		if wire, err = padWire(wire, pad); err != nil {
+	} else {
+		wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
+		if errors.Is(err, errOPTNotLast) {
+			// Rare: move the OPT to the end of a copy and pack again.
+			out := *m
+			out.Extra = optLast(m.Extra)
+			if wire, err = packQuery(&out); err == nil {
+				wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
 		}
 	}
@@ -74,65 +72,102 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 	return q, nil
 }
 
-// upstreamExtra returns the additional section to send upstream: the client's OPT
-// (if any) copied without hop-by-hop options, plus a keepalive option and an empty
-// padding option (sized later by padWire) as the very last option of the last RR.
-func upstreamExtra(extra []dns.RR, pad, keepalive bool) ([]dns.RR, bool) {
-	var client *dns.OPT
-	out := make([]dns.RR, 0, len(extra)+1)
+// packQuery packs m behind two bytes of room for the length prefix, with spare
+// capacity for the options rewriteOPT appends.
+func packQuery(m *dns.Msg) ([]byte, error) {
+	buf := make([]byte, 2+512)
+	msg, err := m.PackBuffer(buf[2:])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
+	}
+	if &msg[0] != &buf[2] { // did not fit: re-home behind a length prefix
+		buf = make([]byte, 2+len(msg), 2+len(msg)+512)
+		copy(buf[2:], msg)
+	}
+	return buf[:2+len(msg)], nil
+}
+
+var errOPTNotLast = errors.New("OPT is not the last record")
+
+// optLast returns a copy of extra with its OPT RR moved to the end.
+func optLast(extra []dns.RR) []dns.RR {
+	out := make([]dns.RR, 0, len(extra))
+	var opt dns.RR
 	for _, rr := range extra {
-		if o, ok := rr.(*dns.OPT); ok {
-			client = o
+		if _, ok := rr.(*dns.OPT); ok {
+			opt = rr
 			continue
 		}
 		out = append(out, rr)
 	}
-	if client == nil && !pad && !keepalive {
-		return out, false
-	}
-	opt := &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT, Class: 1232}}
-	if client != nil {
-		opt.Hdr.Class, opt.Hdr.Ttl = client.Hdr.Class, client.Hdr.Ttl
-		opt.Option = make([]dns.EDNS0, 0, len(client.Option)+2)
-		for _, o := range client.Option {
-			if !hopByHop(o.Option()) {
-				opt.Option = append(opt.Option, o)
-			}
-		}
-	}
-	if keepalive {
-		opt.Option = append(opt.Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE})
-	}
-	if pad {
-		opt.Option = append(opt.Option, &dns.EDNS0_PADDING{})
-	}
-	return append(out, opt), client != nil
+	return append(out, opt)
 }
 
-// padWire grows the empty padding option that ends wire (a length-prefixed message
-// whose last RR is the OPT built by upstreamExtra) so the message length becomes a
-// multiple of block (RFC 8467 block-length padding).
-func padWire(wire []byte, block int) ([]byte, error) {
+// rewriteOPT edits the packed query in wire (behind its 2-byte length prefix) for
+// the upstream: the client's hop-by-hop options are removed from its OPT (or an
+// OPT is added if it had none and we have options to send), then our keepalive
+// option and a padding option sized to a multiple of block (RFC 8467) are
+// appended. It reports whether the client sent an OPT.
+func rewriteOPT(wire []byte, block int, keepalive bool) ([]byte, bool, error) {
 	msg := wire[2:]
-	rdlenAt, err := lastRRDataLenOffset(msg)
-	if err != nil {
-		return nil, err
+	optAt, notLast := -1, false // offset of the OPT's RDLENGTH
+	err := walkRRs(msg, func(rrtype uint16, rdlenAt int, _ []byte) {
+		switch {
+		case rrtype == dns.TypeOPT:
+			optAt = rdlenAt
+		case optAt >= 0:
+			notLast = true
+		}
+	})
+	switch {
+	case err != nil:
+		return nil, false, err
+	case notLast:
+		return nil, false, errOPTNotLast
 	}
-	n := len(msg)
-	if n < 4 || binary.BigEndian.Uint16(msg[n-4:]) != dns.EDNS0PADDING {
-		return nil, fmt.Errorf("padding option is not last")
+	clientOPT := optAt >= 0
+	if !clientOPT && block == 0 && !keepalive {
+		return wire, false, nil
 	}
-	pad := (block - n%block) % block
-	if n+pad > dns.MaxMsgSize {
-		pad = 0
+	if clientOPT {
+		// The OPT is last, so its options run to the end: compact the ones we keep.
+		out := optAt + 2
+		for off := out; off < len(msg); {
+			if off+4 > len(msg) {
+				return nil, false, errTruncatedMsg
+			}
+			end := off + 4 + int(binary.BigEndian.Uint16(msg[off+2:]))
+			if end > len(msg) {
+				return nil, false, errTruncatedMsg
+			}
+			if !hopByHop(binary.BigEndian.Uint16(msg[off:])) {
+				out += copy(msg[out:], msg[off:end])
+			}
+			off = end
+		}
+		wire = wire[:2+out]
+	} else {
+		// Root name, type OPT, a 1232-byte buffer, no extended flags, no rdata yet.
+		wire = append(wire, 0, 0, 41, 1232>>8, 1232&0xff, 0, 0, 0, 0, 0, 0)
+		optAt = len(wire) - 2 - 2
+		msg = wire[2:]
+		binary.BigEndian.PutUint16(msg[10:], binary.BigEndian.Uint16(msg[10:])+1)
 	}
-	binary.BigEndian.PutUint16(msg[n-2:], uint16(pad))
-	rdlen := binary.BigEndian.Uint16(msg[rdlenAt:])
-	binary.BigEndian.PutUint16(msg[rdlenAt:], rdlen+uint16(pad))
-	for range pad {
-		wire = append(wire, 0)
+	if keepalive {
+		wire = append(wire, 0, dns.EDNS0TCPKEEPALIVE, 0, 0)
 	}
-	return wire, nil
+	if block > 0 {
+		wire = append(wire, 0, dns.EDNS0PADDING, 0, 0)
+		n := len(wire) - 2
+		pad := (block - n%block) % block
+		if n+pad > dns.MaxMsgSize {
+			pad = 0
+		}
+		binary.BigEndian.PutUint16(wire[len(wire)-2:], uint16(pad))
+		wire = append(wire, make([]byte, pad)...)
+	}
+	binary.BigEndian.PutUint16(wire[2+optAt:], uint16(len(wire)-2-optAt-2))
+	return wire, clientOPT, nil
 }
 
 // nameLen returns the length of the (possibly compressed) name at msg[off:].
@@ -194,16 +229,6 @@ func walkRRs(msg []byte, fn func(rrtype uint16, rdlenAt int, rdata []byte)) erro
 		return errTruncatedMsg
 	}
 	return nil
-}
-
-// lastRRDataLenOffset returns the offset of the RDLENGTH field of msg's last RR.
-func lastRRDataLenOffset(msg []byte) (int, error) {
-	last := -1
-	err := walkRRs(msg, func(_ uint16, rdlenAt int, _ []byte) { last = rdlenAt })
-	if err == nil && last < 0 {
-		err = errTruncatedMsg
-	}
-	return last, err
 }
 
 // keepaliveTimeoutZero reports whether msg's OPT carries an edns-tcp-keepalive

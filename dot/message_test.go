@@ -300,3 +300,63 @@ func TestEDNSPassesThrough(t *testing.T) {
 		t.Errorf("Answer OPT %v, want the server's echo", o)
 	}
 }
+
+// An OPT that is not the last additional record is moved last, and the query
+// still carries everything it had.
+func TestPrepareQueryOPTNotLast(t *testing.T) {
+	m := newQuery("a.example.", dns.TypeA)
+	m.SetEdns0(2048, true)
+	m.Extra = append(m.Extra, &dns.A{Hdr: dns.RR_Header{Name: "glue.example.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(192, 0, 2, 9)})
+	q, err := prepareQuery(m, 128, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := new(dns.Msg)
+	if err := out.Unpack(q.wire[2:]); err != nil {
+		t.Fatalf("Rewritten query does not unpack: %v", err)
+	}
+	if len(out.Extra) != 2 {
+		t.Fatalf("Additional section %v, want the A record and the OPT", out.Extra)
+	}
+	if _, ok := out.Extra[1].(*dns.OPT); !ok || out.IsEdns0().UDPSize() != 2048 || !q.clientOPT {
+		t.Errorf("OPT not moved last intact: %v", out.Extra)
+	}
+	if len(q.wire[2:])%128 != 0 {
+		t.Errorf("Length %d not padded to 128", len(q.wire[2:]))
+	}
+}
+
+// FuzzRewriteOPT checks that rewriting any message either fails cleanly or yields
+// a message that unpacks, is padded, and keeps the question.
+func FuzzRewriteOPT(f *testing.F) {
+	for _, edns := range []bool{false, true} {
+		m := newQuery("fuzz.example.", dns.TypeTXT)
+		if edns {
+			m.SetEdns0(1232, true)
+			m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_PADDING{Padding: []byte{0, 0}})
+		}
+		b, _ := m.Pack()
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		in := new(dns.Msg)
+		if in.Unpack(msg) != nil {
+			return
+		}
+		wire := append([]byte{0, 0}, msg...)
+		out, _, err := rewriteOPT(wire, 128, true)
+		if err != nil {
+			return
+		}
+		got := new(dns.Msg)
+		if err := got.Unpack(out[2:]); err != nil {
+			t.Fatalf("Rewritten message does not unpack: %v", err)
+		}
+		if (len(out)-2)%128 != 0 && len(out)-2 < dns.MaxMsgSize-128 {
+			t.Fatalf("Rewritten length %d not padded", len(out)-2)
+		}
+		if len(got.Question) != len(in.Question) {
+			t.Fatalf("Question count changed: %d → %d", len(in.Question), len(got.Question))
+		}
+	})
+}

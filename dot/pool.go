@@ -32,6 +32,7 @@ type Pool struct {
 	dialing    atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
 	limit      atomic.Int32            // queries per connection the server allows, learned from its cuts
 	limitUntil atomic.Int64            // unix ns until which limit holds
+	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
@@ -63,6 +64,7 @@ func New(cfg Config) (*Pool, error) {
 	p := &Pool{cfg: cfg, tls: clientTLS(cfg), obs: cfg.Observer, wake: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.conns.Store(&[]*conn{})
+	p.clock.Store(nanotime())
 	p.wg.Add(1)
 	go p.sweepLoop()
 	return p, nil
@@ -74,13 +76,20 @@ func (p *Pool) Addr() string { return p.cfg.Addr }
 // Exchange sends m upstream and returns the answer with m's ID and question case.
 // m is not modified. The attempt is bounded by ReadTimeout and by ctx.
 func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	return p.ExchangeDeadline(ctx, m, time.Time{})
+}
+
+// ExchangeDeadline is Exchange with a deadline of the caller's besides ctx's (zero:
+// none), so that a caller does not have to allocate a context and a timer per
+// query. Reaching it fails with an error that wraps context.DeadlineExceeded.
+func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 	q, err := prepareQuery(m, p.cfg.PadBlock, !p.cfg.NoKeepalive)
 	if err != nil {
 		return nil, err
 	}
 	replayed := false
 	for moves := 0; ; {
-		cl := p.newCall(ctx, q)
+		cl := p.newCall(ctx, q, deadline)
 		c, err := p.acquire(ctx, cl)
 		if err != nil {
 			return nil, err
@@ -93,12 +102,12 @@ func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 			return p.finish(c, q, res.frame)
 		}
 		switch {
-		case errors.Is(res.err, ErrTimeout) && cl.ctxDeadline:
+		case errors.Is(res.err, ErrTimeout) && cl.callerDeadline:
 			// The caller's own deadline: say so, so it is not taken for a slow upstream.
 			return nil, fmt.Errorf("%w: %w", res.err, context.DeadlineExceeded)
 		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
 			moves++ // never written: another connection, at no cost
-		case !replayed && p.replayable(ctx, q, res.err):
+		case !replayed && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
 			replayed = true
 			p.obs.Replayed()
 		case errors.Is(res.err, errUnsent):
@@ -130,13 +139,18 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil
 }
 
-func (p *Pool) newCall(ctx context.Context, q *query) *call {
+// newCall starts an attempt of q: it times out after ReadTimeout, or at the caller's
+// deadline (ctx's or the explicit one) if that comes first.
+func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call {
 	cl := &call{q: q, resp: make(chan result, 1)}
-	deadline := time.Now().Add(p.cfg.ReadTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline, cl.ctxDeadline = d, true
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
 	}
-	cl.deadline = deadline.UnixNano()
+	at := time.Now().Add(p.cfg.ReadTimeout)
+	if !deadline.IsZero() && deadline.Before(at) {
+		at, cl.callerDeadline = deadline, true
+	}
+	cl.deadline = at.UnixNano()
 	return cl
 }
 
@@ -173,7 +187,7 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-timer.C:
-			if d, ok := ctx.Deadline(); ok && d.UnixNano() <= cl.deadline {
+			if cl.callerDeadline {
 				return nil, context.DeadlineExceeded // the caller's deadline, not ours
 			}
 			return nil, fmt.Errorf("%w: no free connection", ErrTimeout)
@@ -408,6 +422,7 @@ func (p *Pool) sweepLoop() {
 		case <-p.ctx.Done():
 			return
 		case now := <-t.C:
+			p.clock.Store(now.UnixNano())
 			for _, c := range *p.conns.Load() {
 				c.sweep(now.UnixNano())
 			}
