@@ -75,13 +75,13 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 // packQuery packs m behind two bytes of room for the length prefix, with spare
 // capacity for the options rewriteOPT appends.
 func packQuery(m *dns.Msg) ([]byte, error) {
-	buf := make([]byte, 2+512)
+	buf := make([]byte, 2+256) // most queries, padded, are 128 or 256 bytes
 	msg, err := m.PackBuffer(buf[2:])
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
 	}
 	if &msg[0] != &buf[2] { // did not fit: re-home behind a length prefix
-		buf = make([]byte, 2+len(msg), 2+len(msg)+512)
+		buf = make([]byte, 2+len(msg), 2+len(msg)+256)
 		copy(buf[2:], msg)
 	}
 	return buf[:2+len(msg)], nil
