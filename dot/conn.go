@@ -86,6 +86,11 @@ type conn struct {
 	werr     error            // guarded by mu: the writer's first error; no write after it
 	draining CloseReason      // guarded by mu: why it drains; -1 when not draining
 	idle     time.Duration    // guarded by mu: IdleTimeout, lowered by the server's keepalive
+
+	// The sweeper's view of the read counter, guarded by mu: the reads seen at the
+	// last sweep and since when that number has not moved.
+	sweepReads int64
+	quietSince int64
 }
 
 func newConn(p *Pool, tc *tls.Conn) *conn {
@@ -386,6 +391,14 @@ func (c *conn) sweep(now int64) {
 	// a single frame was read since it was written. A slow answer on a connection
 	// that is still answering others is not a stall.
 	stalled := oldest != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) && c.reads.Load() == oldest.readsAt.Load()
+	if r := c.reads.Load(); r != c.sweepReads || c.quietSince == 0 {
+		c.sweepReads, c.quietSince = r, now
+	}
+	// A draining connection gets no new queries, so its answers only dry up. If
+	// they stop while queries are still out, the server has most likely dropped
+	// them (or is about to cut the connection): close it so that they are
+	// replayed elsewhere now, rather than waiting out their read timeout.
+	stuck := c.draining >= 0 && oldest != nil && now-c.quietSince > int64(drainQuiet(cfg))
 	idle := len(c.calls) == 0 && now-c.lastUsed.Load() > int64(c.idle)
 	drain := c.drainedLocked()
 	c.mu.Unlock()
@@ -397,6 +410,8 @@ func (c *conn) sweep(now int64) {
 	switch {
 	case stalled:
 		c.closeFor(ErrStalled, CloseStall)
+	case stuck:
+		c.closeFor(errDrainStuck, c.drainReason())
 	case drain >= 0:
 		c.closeFor(errDrained, drain)
 	case idle:
@@ -407,7 +422,20 @@ func (c *conn) sweep(now int64) {
 	}
 }
 
-var errIdle = errors.New("connection idle")
+var (
+	errIdle       = errors.New("connection idle")
+	errDrainStuck = errors.New("draining connection stopped answering")
+)
+
+// drainQuiet is how long a draining connection may go without any answer while
+// queries are outstanding: a quarter of the stall timeout, at most 500ms.
+func drainQuiet(cfg *Config) time.Duration { return min(cfg.StallTimeout/4, 500*time.Millisecond) }
+
+func (c *conn) drainReason() CloseReason {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draining
+}
 
 func (c *conn) setDrainingLocked(r CloseReason) {
 	c.draining = r
@@ -459,7 +487,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	clear(c.calls)
 	c.tombs = 0
 	c.load.Store(0)
-	answered := c.answered
+	answered, draining := c.answered, c.draining
 	c.mu.Unlock()
 
 	close(c.done)
@@ -467,7 +495,11 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.tc.SetReadDeadline(time.Unix(1, 0))
 	// The pool forgets the connection, learns from its end and arms its backoff
 	// before the queries move on, so that where they go reflects all of that.
-	c.pool.learnLimit(reason, answered, len(live))
+	if draining < 0 {
+		// Only a cut of a connection we were still feeding says anything about the
+		// server's limit: one that ends while draining was stopped by us first.
+		c.pool.learnLimit(reason, answered, len(live))
+	}
 	c.pool.connClosed(c, reason, answered > 0)
 	lost := &connLostError{cause: cause, replayable: answered > 0}
 	for _, cl := range live {

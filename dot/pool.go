@@ -201,9 +201,13 @@ func (p *Pool) pick(cl *call) *conn {
 	for range 3 { // a lost race for the last slot is retried on a fresh snapshot
 		conns := *p.conns.Load()
 		var best *conn
-		bestLoad := int32(p.cfg.MaxInflight)
+		bestLoad, usable := int32(p.cfg.MaxInflight), 0
 		for _, c := range conns {
-			if l := c.load.Load(); l < bestLoad && !c.unusable.Load() {
+			if c.unusable.Load() {
+				continue
+			}
+			usable++
+			if l := c.load.Load(); l < bestLoad {
 				best, bestLoad = c, l
 			}
 		}
@@ -212,7 +216,7 @@ func (p *Pool) pick(cl *call) *conn {
 		}
 		if best.register(cl) {
 			busy := bestLoad+1 >= int32(p.cfg.MaxInflight/2) || best.nearLimit()
-			if busy && len(conns) < p.cfg.MaxConns && !p.dialing.Load() {
+			if busy && usable < p.cfg.MaxConns && !p.dialing.Load() {
 				p.mu.Lock()
 				p.startDialLocked()
 				p.mu.Unlock()
@@ -266,8 +270,21 @@ func (p *Pool) hasUsableLocked() bool {
 
 // startDialLocked starts the single shared dial if none is running, the pool has
 // room and backoff allows it. It reports whether a dial was started.
+//
+// MaxConns caps the connections that take new queries. A draining connection only
+// waits for its last answers, so it does not count, lest it hold up all traffic
+// while it waits; at most MaxConns more than the cap may be draining at once.
 func (p *Pool) startDialLocked() bool {
-	if p.closed || p.dialc != nil || len(*p.conns.Load()) >= p.cfg.MaxConns || time.Now().Before(p.retryAt) {
+	if p.closed || p.dialc != nil || time.Now().Before(p.retryAt) {
+		return false
+	}
+	conns, usable := *p.conns.Load(), 0
+	for _, c := range conns {
+		if !c.unusable.Load() {
+			usable++
+		}
+	}
+	if usable >= p.cfg.MaxConns || len(conns) >= 2*p.cfg.MaxConns {
 		return false
 	}
 	p.dialc = make(chan struct{})
