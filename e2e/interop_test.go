@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -13,13 +14,18 @@ type upstreamKind struct {
 
 // upstreamKinds are the real DoT servers dotforward is proven against: unbound
 // and Knot Resolver answer out of order, CoreDNS's tls:// server strictly in
-// order, dnsdist is a DoT frontend proxying to a plain-DNS backend.
+// order, dnsdist is a DoT frontend proxying to a plain-DNS backend, once with its
+// defaults (one query of a connection at a time) and once with maxInFlight set,
+// as operators who want pipelining configure it.
 var upstreamKinds = []upstreamKind{
 	{"unbound", func(t testing.TB, c *certs) *dotServer {
 		return startUnbound(t, c, unboundOpts{}).dotServer
 	}},
 	{"dnsdist", func(t testing.TB, c *certs) *dotServer {
-		return startDnsdist(t, c, startUnbound(t, c, unboundOpts{}).plain)
+		return startDnsdist(t, c, startUnbound(t, c, unboundOpts{}).plain, dnsdistOpts{})
+	}},
+	{"dnsdist-maxInFlight", func(t testing.TB, c *certs) *dotServer {
+		return startDnsdist(t, c, startUnbound(t, c, unboundOpts{}).plain, dnsdistOpts{MaxInFlight: 100})
 	}},
 	{"kresd", func(t testing.TB, c *certs) *dotServer {
 		return startKresd(t, c, startUnbound(t, c, unboundOpts{}).plain)
@@ -73,4 +79,26 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 		t.Errorf("%v connections dialed for %v requests, want 1 to %d", dials, reqs, maxDials)
 	}
 	t.Logf("%v requests over %v connections", reqs, dials)
+}
+
+// TestServersBursts sends bursts of concurrent queries into an idle front, the
+// pattern where dotforward coalesces many queries into one TLS record. Every
+// query must be answered correctly; the slowest answer per burst is logged.
+func TestServersBursts(t *testing.T) {
+	const bursts, size = 5, 20
+	for _, k := range upstreamKinds {
+		t.Run(k.name, func(t *testing.T) {
+			c := newCerts(t)
+			s := k.start(t, c)
+			f := startFront(t, c, frontOpts{Upstreams: []string{s.addr}})
+			var slowest []time.Duration
+			for b := range bursts {
+				start := time.Now()
+				res := runLoad("udp", f.addr, size, size, loadBudget)
+				requireAllAnswered(t, fmt.Sprintf("burst %d", b), res, size)
+				slowest = append(slowest, time.Since(start).Round(time.Millisecond))
+			}
+			t.Logf("%s: %d bursts of %d, each burst complete after %v", k.name, bursts, size, slowest)
+		})
+	}
 }

@@ -53,7 +53,7 @@ func (o *countingObserver) Failed(error) {}
 func TestPoolAgainstServerCuts(t *testing.T) {
 	c := newCerts(t)
 	u := startUnbound(t, c, unboundOpts{})
-	d := startDnsdist(t, c, u.plain, fmt.Sprintf("setMaxTCPQueriesPerConnection(%d)", cutAfter))
+	d := startCuttingDnsdist(t, c, u.plain)
 	for _, maxConns := range []int{1, 4} {
 		t.Run(fmt.Sprintf("MaxConns=%d", maxConns), func(t *testing.T) {
 			o := &countingObserver{closes: map[string]int{}}

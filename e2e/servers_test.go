@@ -128,15 +128,26 @@ func (u *unbound) stats(t testing.TB) map[string]int64 {
 	return st
 }
 
+// dnsdistOpts configures dnsdist beyond its defaults.
+type dnsdistOpts struct {
+	// MaxInFlight is addTLSLocal's maxInFlight: how many queries of one client
+	// connection dnsdist processes at once. 0 keeps dnsdist's default, which
+	// handles a connection's queries one at a time.
+	MaxInFlight int
+	// Extra are more lines of its Lua configuration.
+	Extra []string
+}
+
 // startDnsdist starts dnsdist with a DoT frontend in front of the plain-DNS
-// address backend; extra are more lines of its Lua configuration.
-func startDnsdist(t testing.TB, c *certs, backend string, extra ...string) *dotServer {
+// address backend.
+func startDnsdist(t testing.TB, c *certs, backend string, o dnsdistOpts) *dotServer {
 	t.Helper()
 	bin := tool(t, "dnsdist")
 	dir := t.TempDir()
 	port := freePort(t)
 	conf := render(t, "dnsdist.conf.tmpl", dir, "dnsdist.conf", map[string]any{
-		"TLSPort": port, "Cert": c.Cert, "Key": c.Key, "Backend": backend, "Extra": extra,
+		"TLSPort": port, "Cert": c.Cert, "Key": c.Key, "Backend": backend,
+		"MaxInFlight": o.MaxInFlight, "Extra": o.Extra,
 	})
 	s := &dotServer{name: "dnsdist", addr: addr(port), certs: c}
 	s.start = func(t testing.TB) *proc {
