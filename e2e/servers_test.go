@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"crypto"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -221,7 +220,7 @@ func writeDNSSECKey(t testing.TB, dir string) string {
 	}
 	base := filepath.Join(dir, fmt.Sprintf("K%s+%03d+%05d", zone, k.Algorithm, k.KeyTag()))
 	writeFile(t, dir, filepath.Base(base)+".key", k.String()+"\n")
-	writeFile(t, dir, filepath.Base(base)+".private", k.PrivateKeyString(priv.(crypto.PrivateKey)))
+	writeFile(t, dir, filepath.Base(base)+".private", k.PrivateKeyString(priv))
 	return base
 }
 
