@@ -4,8 +4,10 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -24,6 +26,7 @@ type certs struct {
 	CA   string // CA certificate, for clients
 	Cert string // server certificate
 	Key  string // server private key
+	Pin  string // base64 SHA-256 of the server certificate's SubjectPublicKeyInfo
 	pool *x509.CertPool
 }
 
@@ -81,6 +84,12 @@ func newCerts(t testing.TB) *certs {
 		Key:  filepath.Join(dir, "key.pem"),
 		pool: x509.NewCertPool(),
 	}
+	leaf, err := x509.ParseCertificate(leafDER)
+	if err != nil {
+		t.Fatalf("Parse server certificate: %v", err)
+	}
+	spki := sha256.Sum256(leaf.RawSubjectPublicKeyInfo)
+	c.Pin = base64.StdEncoding.EncodeToString(spki[:])
 	c.pool.AddCert(caCert)
 	writePEM(t, c.CA, "CERTIFICATE", caDER)
 	writePEM(t, c.Cert, "CERTIFICATE", leafDER)

@@ -232,10 +232,15 @@ type front struct {
 }
 
 type frontOpts struct {
-	Upstreams  []string // DoT addresses, "127.0.0.1:port"
+	Upstreams  []string // DoT addresses, "127.0.0.1:port", written tls://IP%dot.test:PORT
+	Targets    []string // TO arguments written as given, after Upstreams
 	Cache      bool     // put cache in front
 	Prometheus bool     // put prometheus in front
+	NoCA       bool     // no `tls CA` line: the system roots
 	Options    []string // extra lines inside the dotforward block
+	// Failing: the upstreams are expected to be unusable, so the front is ready
+	// when it answers at all (SERVFAIL included).
+	Failing bool
 }
 
 func startFront(t testing.TB, c *certs, o frontOpts) *front {
@@ -247,9 +252,14 @@ func startFront(t testing.TB, c *certs, o frontOpts) *front {
 		host, p, _ := strings.Cut(u, ":")
 		ups = append(ups, "tls://"+host+"%"+serverName+":"+p)
 	}
+	ups = append(ups, o.Targets...)
+	ca := c.CA
+	if o.NoCA {
+		ca = ""
+	}
 	conf := render(t, "front.Corefile.tmpl", dir, "Corefile", map[string]any{
 		"Port": port, "MetricsPort": mport, "Prometheus": o.Prometheus, "Cache": o.Cache,
-		"Upstreams": ups, "CA": c.CA, "Options": o.Options,
+		"Upstreams": ups, "CA": ca, "Options": o.Options,
 	})
 	t.Cleanup(func() {
 		if data, err := os.ReadFile(conf); err == nil && t.Failed() {
@@ -262,7 +272,7 @@ func startFront(t testing.TB, c *certs, o frontOpts) *front {
 	}
 	waitFor(t, "coredns front on "+f.addr, startTimeout, f.p, func() error {
 		r, err := exchange("udp", f.addr, nil, newQuery(aName, dns.TypeA))
-		if err != nil {
+		if err != nil || o.Failing {
 			return err
 		}
 		return checkAnswer(r, dns.TypeA, aAddr)
