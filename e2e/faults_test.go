@@ -246,16 +246,35 @@ func firstErrors(outs []outcome, since time.Time) []string {
 // with the default a connection is never idle and idle timeouts never bite.
 const sparseProbes = "health_check 60s"
 
-// TestUpstreamIdleCloseShorterThanPool gives unbound a 1 s idle timeout, well under
-// dotforward's: unbound closes the pooled connection between queries. Queries
-// sent after such a close, and queries spaced right around the timeout (when the
-// close may cross the query on the wire), are all answered.
+// TestUpstreamIdleCloseShorterThanPool uses servers whose idle timeout is well
+// under dotforward's 8 s: unbound with tcp-idle-timeout 1 s, and dnsdist, which
+// by default closes a client connection after 2 s without a query. The server
+// closes the pooled connection between queries. Queries sent after such a close,
+// and queries spaced right around the timeout (when the close may cross the query
+// on the wire), are all answered.
 func TestUpstreamIdleCloseShorterThanPool(t *testing.T) {
-	c := newCerts(t)
-	u := startUnbound(t, c, unboundOpts{IdleTimeoutMS: 1000})
+	for _, tc := range []struct {
+		name  string
+		idle  time.Duration
+		start func(t *testing.T, c *certs) *dotServer
+	}{
+		{"unbound", time.Second, func(t *testing.T, c *certs) *dotServer {
+			return startUnbound(t, c, unboundOpts{IdleTimeoutMS: 1000}).dotServer
+		}},
+		{"dnsdist", 2 * time.Second, func(t *testing.T, c *certs) *dotServer {
+			return startDnsdist(t, c, startUnbound(t, c, unboundOpts{}).plain, dnsdistOpts{})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCerts(t)
+			idleCloses(t, c, tc.start(t, c), tc.idle)
+		})
+	}
+}
+
+func idleCloses(t *testing.T, c *certs, u *dotServer, idle time.Duration) {
 	f := startFront(t, c, frontOpts{Upstreams: []string{u.addr}, Prometheus: true, Options: []string{sparseProbes}})
 	to := label("to", u.addr)
-
 	ask := func(i int) {
 		t.Helper()
 		h := i % hostCount
@@ -267,10 +286,10 @@ func TestUpstreamIdleCloseShorterThanPool(t *testing.T) {
 			t.Errorf("Query %d after an idle gap: %v", i, err)
 		}
 	}
-	// Await unbound's close as dotforward sees it, then ask again.
-	for i := range 3 {
+	// Await the server's close as dotforward sees it, then ask again.
+	for i := range 2 {
 		closes, _ := metricSum(scrape(t, f.metrics), "coredns_dotforward_conn_closes_total", to)
-		waitFor(t, "unbound to close the idle connection", 10*time.Second, f.p, func() error {
+		waitFor(t, u.name+" to close the idle connection", 10*time.Second, f.p, func() error {
 			if n, _ := metricSum(scrape(t, f.metrics), "coredns_dotforward_conn_closes_total", to); n <= closes {
 				return fmt.Errorf("%v connection closes, still %v", n, closes)
 			}
@@ -278,19 +297,19 @@ func TestUpstreamIdleCloseShorterThanPool(t *testing.T) {
 		})
 		ask(i)
 	}
-	// Pace queries right around unbound's timeout: a deliberate load shape, not
-	// a wait for a condition.
-	for i, gap := range []time.Duration{900, 950, 1000, 1000, 1050, 1100} {
-		timer := time.NewTimer(gap * time.Millisecond)
+	// Pace queries right around the server's timeout: a deliberate load shape,
+	// not a wait for a condition.
+	for i, pct := range []time.Duration{90, 100, 100, 110} {
+		timer := time.NewTimer(idle * pct / 100)
 		<-timer.C
 		ask(10 + i)
 	}
 	text := scrape(t, f.metrics)
 	closes, _ := metricSum(text, "coredns_dotforward_conn_closes_total", to)
-	if closes < 3 {
-		t.Errorf("Only %v connection closes seen; unbound's idle timeout did not bite", closes)
+	if closes < 2 {
+		t.Errorf("Only %v connection closes seen; %s's idle timeout did not bite", closes, u.name)
 	}
-	t.Logf("Idle closes by unbound, then queries: all answered; dotforward close counts:\n%s", grepLines(text, "coredns_dotforward_conn_closes_total"))
+	t.Logf("Idle closes by %s, then queries: all answered; dotforward close counts:\n%s", u.name, grepLines(text, "coredns_dotforward_conn_closes_total{"))
 }
 
 // TestUpstreamKeepaliveTimeout gives unbound an RFC 7828 keepalive timeout of
