@@ -32,6 +32,10 @@ var (
 	ErrBadQuery = errors.New("dot: query cannot be forwarded")
 )
 
+// errSaturated is wrapped by ErrUnavailable when every slot is taken and as many
+// callers as there are slots already wait.
+var errSaturated = errors.New("every connection full and too many callers waiting")
+
 // errUnsent reports that a query's connection died before the query was handed to
 // TLS; the caller moves it to another connection without counting an attempt.
 var errUnsent = errors.New("dot: connection closed before query was written")

@@ -168,8 +168,15 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 		return c, nil
 	}
 	// Count ourselves as a waiter before taking the wake channel, and pick again
-	// after: a slot freed in between is then either seen by pick or wakes us.
-	p.waiters.Add(1)
+	// after: a slot freed in between is then either seen by pick or wakes us. The
+	// waiters are bounded in proportion to the slots: past that the pool is
+	// saturated (an overload, or a black hole filling every slot) and waiting would
+	// only pile up goroutines and memory, so the caller fails at once and can go
+	// elsewhere.
+	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.cfg.MaxConns*p.cfg.MaxInflight) && p.saturated() {
+		p.waiters.Add(-1)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
+	}
 	defer p.waiters.Add(-1)
 	for {
 		wake, err := p.needConn()
@@ -247,6 +254,22 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 		return nil, ErrUnavailable
 	}
 	return p.wake, nil
+}
+
+// saturated reports whether the pool has all the usable connections it may have
+// and none has a free slot: waiting is then for answers, not for a dial.
+func (p *Pool) saturated() bool {
+	usable := 0
+	for _, c := range *p.conns.Load() {
+		if c.unusable.Load() {
+			continue
+		}
+		if c.load.Load() < int32(p.cfg.MaxInflight) {
+			return false
+		}
+		usable++
+	}
+	return usable >= p.cfg.MaxConns
 }
 
 // hasRoomLocked reports whether a usable connection has a free slot.
@@ -451,6 +474,9 @@ func (p *Pool) sweepLoop() {
 // per-connection limit: fewer is more likely a fault than a policy, and a tiny limit
 // would mean a handshake every few queries.
 const minLearnedLimit = 16
+
+// maxWaitersPerSlot bounds the callers waiting for a slot of a saturated pool.
+const maxWaitersPerSlot = 4
 
 // learnedLimitTTL is how long a learned per-connection query limit holds.
 const learnedLimitTTL = 10 * time.Minute

@@ -598,3 +598,28 @@ func TestCloseDoesNotHangOnDeadPeer(t *testing.T) {
 	g.release()
 	checkNoPoolGoroutines(t)
 }
+
+// Callers beyond the slots wait, but only as many as there are slots: the rest
+// fail at once instead of piling up.
+func TestWaitersAreBounded(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Drop: func(dns.Question) bool { return true }})
+	p, _ := newTestPool(t, s, func(c *Config) { c.MaxConns = 1; c.MaxInflight = 2; c.ReadTimeout = 5 * time.Second })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 2 + 2*maxWaitersPerSlot { // 2 in the slots, 8 waiting
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.Exchange(ctx, newQuery("fill.example.", dns.TypeA))
+		}()
+	}
+	waitFor(t, "the slots and the waiting room to fill", func() bool {
+		return p.Stats().Inflight == 2 && p.waiters.Load() == 2*maxWaitersPerSlot
+	})
+	_, err := exchange(p, "one-too-many.example.")
+	if !errors.Is(err, ErrUnavailable) {
+		t.Errorf("One caller too many: error = %v, want ErrUnavailable at once", err)
+	}
+	cancel()
+	wg.Wait()
+}
