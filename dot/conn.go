@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -65,7 +66,7 @@ type conn struct {
 	pool   *Pool
 	tc     *tls.Conn
 	br     *bufio.Reader // reader goroutine only
-	bw     *bufio.Writer // writer goroutine only
+	bc     *batchConn    // under tc: gathers the records of one batch into one write
 	writeq chan *call    // cap MaxInflight; sends never block (see register)
 	done   chan struct{} // closed when the connection is closed
 	born   int64         // unix ns
@@ -93,13 +94,13 @@ type conn struct {
 	quietSince int64
 }
 
-func newConn(p *Pool, tc *tls.Conn) *conn {
+func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 	now := nanotime()
 	c := &conn{
 		pool:     p,
 		tc:       tc,
 		br:       bufio.NewReaderSize(tc, 16<<10),
-		bw:       bufio.NewWriterSize(tc, 16<<10),
+		bc:       bc,
 		writeq:   make(chan *call, p.cfg.MaxInflight),
 		done:     make(chan struct{}),
 		born:     now,
@@ -159,7 +160,7 @@ func (c *conn) register(cl *call) bool {
 // progress into one flush: one TLS record and one syscall for a burst of queries.
 func (c *conn) writeLoop() {
 	defer c.pool.wg.Done()
-	var hdr [4]byte
+	var frame []byte
 	var batch []*call
 	for {
 		var cl *call
@@ -169,21 +170,29 @@ func (c *conn) writeLoop() {
 			return
 		}
 		batch = batch[:0]
-		yielded := false
+		yielded, size := false, 0
+		var werr error
+		c.bc.begin()
 		for cl != nil {
 			if cl.state.CompareAndSwap(callQueued, callSent) {
-				// The shared wire is never written to: our length and ID go in front.
-				binary.BigEndian.PutUint16(hdr[:], uint16(len(cl.q.wire)-2))
-				binary.BigEndian.PutUint16(hdr[2:], cl.id)
-				c.bw.Write(hdr[:])
-				c.bw.Write(cl.q.wire[4:])
+				// One TLS record per query (some servers, dnsdist 1.7 among them,
+				// leave all but the first query of a record unread), gathered by bc
+				// into one write. The shared wire is never written to: our length
+				// and ID go in front of a copy.
+				frame = binary.BigEndian.AppendUint16(frame[:0], uint16(len(cl.q.wire)-2))
+				frame = binary.BigEndian.AppendUint16(frame, cl.id)
+				frame = append(frame, cl.q.wire[4:]...)
+				if _, err := c.tc.Write(frame); err != nil && werr == nil {
+					werr = err
+				}
+				size += len(frame)
 				batch = append(batch, cl)
 			}
 			select {
 			case cl = <-c.writeq:
 			default:
 				cl = nil
-				if !yielded && c.bw.Buffered() < coalesceBytes {
+				if !yielded && size < coalesceBytes {
 					// Let callers that are about to queue do so, and take them in
 					// this write (gRPC's loopy writer does the same): one syscall
 					// and one TLS record for the burst instead of one each.
@@ -197,13 +206,17 @@ func (c *conn) writeLoop() {
 			}
 		}
 		if len(batch) == 0 {
+			c.bc.flush()
 			continue
 		}
 		// Frames read before the write cannot be answers to this batch: whatever is
 		// read from now on counts as "read since it was sent".
 		reads := c.reads.Load()
 		c.tc.SetWriteDeadline(time.Now().Add(c.pool.cfg.WriteTimeout))
-		err := c.bw.Flush() // bufio keeps the first error: it is sticky
+		err := c.bc.flush() // the first error is sticky
+		if werr != nil {
+			err = werr
+		}
 		now := nanotime()
 		for _, b := range batch {
 			b.readsAt.Store(reads)
@@ -543,3 +556,54 @@ func (e *connLostError) Error() string   { return fmt.Sprintf("%v: %v", ErrConnL
 func (e *connLostError) Unwrap() []error { return []error{ErrConnLost, e.cause} }
 
 func nanotime() int64 { return time.Now().UnixNano() }
+
+// batchConn sits between a tls.Conn and its socket. While the writer has a batch
+// open, the records TLS writes are gathered and sent with one syscall when the
+// batch is flushed; outside a batch (the handshake, alerts) writes go straight
+// through. So each query travels in its own record, yet a burst of queries costs
+// one write.
+type batchConn struct {
+	net.Conn
+	mu       sync.Mutex
+	batching bool   // guarded by mu
+	buf      []byte // guarded by mu
+	err      error  // guarded by mu: the first write error, sticky
+}
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.err != nil:
+		return 0, b.err
+	case b.batching:
+		b.buf = append(b.buf, p...)
+		return len(p), nil
+	}
+	n, err := b.Conn.Write(p)
+	if err != nil {
+		b.err = err
+	}
+	return n, err
+}
+
+// begin opens a batch: writes are buffered until flush.
+func (b *batchConn) begin() {
+	b.mu.Lock()
+	b.batching = true
+	b.mu.Unlock()
+}
+
+// flush closes the batch and writes what it gathered in one call.
+func (b *batchConn) flush() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.batching = false
+	if len(b.buf) > 0 && b.err == nil {
+		if _, err := b.Conn.Write(b.buf); err != nil {
+			b.err = err
+		}
+	}
+	b.buf = b.buf[:0]
+	return b.err
+}

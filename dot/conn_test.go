@@ -21,7 +21,8 @@ func newBareConn(t testing.TB, maxInflight int) *conn {
 	t.Cleanup(func() { p.Close() })
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
-	return newConn(p, tls.Client(a, p.tls))
+	bc := &batchConn{Conn: a}
+	return newConn(p, tls.Client(bc, p.tls), bc)
 }
 
 func mustPrepare(t testing.TB, name string) *query {

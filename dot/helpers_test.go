@@ -146,6 +146,7 @@ type gate struct {
 	held    chan struct{} // non-nil: writes block until it is closed
 	entered chan struct{} // receives once per write that blocked
 	writes  atomic.Int64
+	last    []byte // guarded by mu: the bytes of the last write
 	dials   atomic.Int64
 	conns   []net.Conn
 }
@@ -202,10 +203,23 @@ func (c *gatedConn) Write(b []byte) (int, error) {
 		}
 	}
 	c.g.writes.Add(1)
+	c.g.mu.Lock()
+	c.g.last = append(c.g.last[:0], b...)
+	c.g.mu.Unlock()
 	return c.Conn.Write(b)
 }
 
 func (c *gatedConn) Close() error {
 	c.once.Do(func() { close(c.closed) })
 	return c.Conn.Close()
+}
+
+// tlsRecords counts the TLS records in b, which must hold whole records.
+func tlsRecords(b []byte) int {
+	n := 0
+	for len(b) >= 5 {
+		n++
+		b = b[min(len(b), 5+(int(b[3])<<8|int(b[4]))):]
+	}
+	return n
 }

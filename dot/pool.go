@@ -322,7 +322,7 @@ func (p *Pool) startDialLocked() bool {
 func (p *Pool) dial() {
 	defer p.wg.Done()
 	start := time.Now()
-	tc, err := p.handshake()
+	tc, bc, err := p.handshake()
 	resumed := err == nil && tc.ConnectionState().DidResume
 	p.obs.Dialed(time.Since(start), resumed, err)
 
@@ -347,7 +347,7 @@ func (p *Pool) dial() {
 		return
 	}
 	defer p.mu.Unlock()
-	c := newConn(p, tc)
+	c := newConn(p, tc, bc)
 	conns := *p.conns.Load()
 	next := append(conns[:len(conns):len(conns)], c)
 	p.conns.Store(&next)
@@ -356,19 +356,20 @@ func (p *Pool) dial() {
 	go c.writeLoop()
 }
 
-func (p *Pool) handshake() (*tls.Conn, error) {
+func (p *Pool) handshake() (*tls.Conn, *batchConn, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
 	defer cancel()
 	raw, err := p.cfg.Dial(ctx, "tcp", p.cfg.Addr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	tc := tls.Client(raw, p.tls)
+	bc := &batchConn{Conn: raw}
+	tc := tls.Client(bc, p.tls)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return tc, nil
+	return tc, bc, nil
 }
 
 // failedLocked records a dial or connection failure and arms the backoff.
