@@ -11,7 +11,7 @@ import (
 
 // prober sends active health probes for one upstream, through its pool (so a probe
 // rides an open connection instead of paying a TLS handshake): once at startup,
-// then every health_check interval unless an answer arrived in the meantime.
+// then every health_check interval while the upstream is suspect or down.
 type prober struct {
 	u      *upstream
 	msg    *dns.Msg // never modified: the pool packs it without touching it
@@ -44,8 +44,11 @@ func (p *prober) run() {
 		case <-p.ctx.Done():
 			return
 		case <-t.C:
-			// Answers to client queries prove health as well as a probe does.
-			if p.u.Down() || time.Since(time.Unix(0, p.u.lastOK.Load())) >= p.u.hc.interval {
+			// Only a suspect (a failure seen since the last answer) or down upstream
+			// is probed. A healthy one is left alone: client answers prove its health,
+			// the pool reports its failures, and probing an idle upstream would keep
+			// a connection open forever and load a public resolver for nothing.
+			if p.u.Down() || p.u.fails.Load() > 0 {
 				p.probe()
 			}
 		}

@@ -11,17 +11,29 @@ import (
 	"github.com/miekg/dns"
 )
 
-// Probes ride the pool's connection: many probes, one handshake.
+// Probes ride the pool's connection: a suspect upstream is probed over the open
+// connection, not through a new TLS handshake each time.
 func TestProbesReusePooledConnection(t *testing.T) {
 	cert := testCert(t)
-	s := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "health_check 20ms", s.Addr)
-	waitFor(t, "ten probes", func() bool { return s.Queries() >= 10 })
-	if h := s.Handshakes(); h != 1 {
-		t.Errorf("Expected 10 probes over 1 connection, got %d handshakes", h)
+	var probes atomic.Int64
+	s := startServer(t, cert, dottest.Options{OnQuery: func(wire []byte) {
+		m := new(dns.Msg)
+		if m.Unpack(wire) == nil && m.Question[0].Qtype == dns.TypeNS {
+			probes.Add(1)
+		}
+	}})
+	f := newForward(t, cert, "health_check 20ms\nmax_fails 100", s.Addr)
+	waitFor(t, "the first probe", f.Ready)
+	u := f.upstreams[0]
+	for i := range 5 {
+		u.markFailed(fmt.Errorf("suspect %d", i)) // as the pool would on a failure
+		waitFor(t, "a probe to clear the suspicion", func() bool { return u.fails.Load() == 0 })
 	}
-	if !f.Ready() {
-		t.Error("Expected ready after the first round of probes")
+	if p := probes.Load(); p < 6 {
+		t.Errorf("Expected at least 6 probes (startup and 5 suspicions), got %d", p)
+	}
+	if h := s.Handshakes(); h != 1 {
+		t.Errorf("Expected every probe over 1 connection, got %d handshakes", h)
 	}
 }
 
@@ -56,6 +68,8 @@ func TestReadyDoesNotFollowUpstreamHealth(t *testing.T) {
 	f := newForward(t, cert, "health_check 20ms\nmax_fails 1", s.Addr)
 	waitFor(t, "ready", f.Ready)
 	s.Close()
+	// A healthy idle upstream is not probed: the next client query finds it gone.
+	serve(f, newMsg("gone.example.org.", dns.TypeA))
 	waitFor(t, "the upstream marked down", f.upstreams[0].Down)
 	if !f.Ready() {
 		t.Error("Expected ready to stay true while the only upstream is down")
