@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // Call states. The writer moves a call from queued to sent just before copying it
@@ -49,8 +51,10 @@ func (cl *call) complete(r result) {
 	cl.resp <- r
 }
 
-// result completes a call: an answer frame (without length prefix) or an error.
+// result completes a call: an answer, unpacked for the caller (frame is its wire
+// form, without length prefix), or an error.
 type result struct {
+	msg   *dns.Msg
 	frame []byte
 	err   error
 }
@@ -312,8 +316,7 @@ func (c *conn) dispatch(frame []byte) {
 	if drop >= 0 {
 		c.pool.obs.Dropped(drop)
 	} else {
-		cl.complete(result{frame: frame})
-		c.lastUsed.Store(c.pool.clock.Load())
+		c.deliver(cl, frame)
 	}
 	if first {
 		c.pool.answered()
@@ -325,6 +328,21 @@ func (c *conn) dispatch(frame []byte) {
 }
 
 var errDrained = errors.New("connection drained")
+
+// deliver unpacks an answer for its call and completes it. The reader does this,
+// not the caller: the reader's stack has grown once and for all, whereas the caller
+// runs on CoreDNS's fresh per-query goroutine, whose stack an unpack this deep would
+// grow (copy) on every query.
+func (c *conn) deliver(cl *call, frame []byte) {
+	r, keepalive, err := finishAnswer(cl.q, frame)
+	if err != nil {
+		c.pool.obs.Dropped(DropMalformed)
+	} else if keepalive >= 0 {
+		c.keepalive(keepalive)
+	}
+	cl.complete(result{msg: r, frame: frame, err: err})
+	c.lastUsed.Store(c.pool.clock.Load())
+}
 
 // removeLocked deletes cl's entry, live or tombstone. c.mu must be held.
 func (c *conn) removeLocked(cl *call) {

@@ -3,8 +3,6 @@ package dot
 import (
 	"context"
 	"net"
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,33 +45,10 @@ func exchange(p *Pool, name string) (*dns.Msg, error) {
 	return p.Exchange(ctx, newQuery(name, dns.TypeA))
 }
 
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("Timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// waitFor and checkNoPoolGoroutines are dottest's, under the names the tests use.
+func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); dottest.WaitFor(t, what, cond) }
 
-// checkNoPoolGoroutines fails if any goroutine of this package is still running.
-func checkNoPoolGoroutines(t *testing.T) {
-	t.Helper()
-	var stacks string
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		buf := make([]byte, 1<<20)
-		stacks = string(buf[:runtime.Stack(buf, true)])
-		if !strings.Contains(stacks, "dot.(*conn)") && !strings.Contains(stacks, "dot.(*Pool)") {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Errorf("Pool goroutines left after Close:\n%s", stacks)
-}
+func checkNoPoolGoroutines(t *testing.T) { t.Helper(); dottest.CheckNoPoolGoroutines(t) }
 
 // recorder is an Observer that counts events.
 type recorder struct {

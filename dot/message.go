@@ -34,10 +34,10 @@ func hopByHop(code uint16) bool {
 // builds no RR.
 func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 	if len(m.Question) != 1 {
-		return nil, fmt.Errorf("%w: %d questions", ErrBadQuery, len(m.Question))
+		return nil, questionCount(ErrBadQuery, len(m.Question))
 	}
 	if t := m.Question[0].Qtype; t == dns.TypeAXFR || t == dns.TypeIXFR {
-		return nil, fmt.Errorf("%w: zone transfer", ErrBadQuery)
+		return nil, errZoneTransfer
 	}
 	q := &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
 	wire, err := packQuery(m)
@@ -51,21 +51,16 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 	} else {
 		wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
 		if errors.Is(err, errOPTNotLast) {
-			// Rare: move the OPT to the end of a copy and pack again.
-			out := *m
-			out.Extra = optLast(m.Extra)
-			if wire, err = packQuery(&out); err == nil {
-				wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
-			}
+			wire, q.clientOPT, err = repackOPTLast(m, padBlock, keepalive)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
+			return nil, wrap(ErrBadQuery, err)
 		}
 	}
 	binary.BigEndian.PutUint16(wire, uint16(len(wire)-2))
 	qlen, err := nameLen(wire[2:], 12)
 	if err != nil || 2+12+qlen+4 > len(wire) {
-		return nil, fmt.Errorf("%w: bad question", ErrBadQuery)
+		return nil, errBadQuestion
 	}
 	q.wire = wire
 	q.question = wire[2+12 : 2+12+qlen+4]
@@ -78,7 +73,7 @@ func packQuery(m *dns.Msg) ([]byte, error) {
 	buf := make([]byte, 2+256) // most queries, padded, are 128 or 256 bytes
 	msg, err := m.PackBuffer(buf[2:])
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadQuery, err)
+		return nil, wrap(ErrBadQuery, err)
 	}
 	if &msg[0] != &buf[2] { // did not fit: re-home behind a length prefix
 		buf = make([]byte, 2+len(msg), 2+len(msg)+256)
@@ -88,6 +83,21 @@ func packQuery(m *dns.Msg) ([]byte, error) {
 }
 
 var errOPTNotLast = errors.New("OPT is not the last record")
+
+// repackOPTLast is the rare path of a client OPT that is not the last additional
+// record: move it to the end of a copy, pack again and rewrite. Out of line, so
+// that the copy of the message does not weigh on the hot path's stack frame.
+//
+//go:noinline
+func repackOPTLast(m *dns.Msg, padBlock int, keepalive bool) ([]byte, bool, error) {
+	out := *m
+	out.Extra = optLast(m.Extra)
+	wire, err := packQuery(&out)
+	if err != nil {
+		return nil, false, err
+	}
+	return rewriteOPT(wire, padBlock, keepalive)
+}
 
 // optLast returns a copy of extra with its OPT RR moved to the end.
 func optLast(extra []dns.RR) []dns.RR {
@@ -255,9 +265,21 @@ func keepaliveTimeoutZero(msg []byte) bool {
 }
 
 var (
-	errTruncatedMsg = fmt.Errorf("message truncated")
-	errBadLabel     = fmt.Errorf("bad label type")
+	errTruncatedMsg = errors.New("message truncated")
+	errBadLabel     = errors.New("bad label type")
+	errZoneTransfer = fmt.Errorf("%w: zone transfer", ErrBadQuery)
+	errBadQuestion  = fmt.Errorf("%w: bad question", ErrBadQuery)
 )
+
+// wrap and questionCount build errors out of line: the hot path's stack frames stay
+// small, which keeps CoreDNS's per-request goroutines from growing their stacks
+// (a copy that costs several microseconds per query).
+//
+//go:noinline
+func wrap(sentinel, err error) error { return fmt.Errorf("%w: %w", sentinel, err) }
+
+//go:noinline
+func questionCount(sentinel error, n int) error { return fmt.Errorf("%w: %d questions", sentinel, n) }
 
 // answers reports whether resp (a DNS message without length prefix) is a response
 // carrying exactly the question q asked: QR set, one question, the same name
@@ -294,10 +316,10 @@ func lower(c byte) byte {
 func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 	r := new(dns.Msg)
 	if err := r.Unpack(frame); err != nil {
-		return nil, -1, fmt.Errorf("%w: %w", ErrMalformed, err)
+		return nil, -1, wrap(ErrMalformed, err)
 	}
 	if len(r.Question) != 1 {
-		return nil, -1, fmt.Errorf("%w: %d questions", ErrMalformed, len(r.Question))
+		return nil, -1, questionCount(ErrMalformed, len(r.Question))
 	}
 	r.Id = q.origID
 	r.Question[0].Name = q.name

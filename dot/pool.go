@@ -98,37 +98,26 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 		if !ok {
 			return nil, ctx.Err()
 		}
-		if res.err == nil {
-			return p.finish(c, q, res.frame)
+		if res.err == nil || errors.Is(res.err, ErrMalformed) {
+			return res.msg, res.err
 		}
 		switch {
 		case errors.Is(res.err, ErrTimeout) && cl.callerDeadline:
 			// The caller's own deadline: say so, so it is not taken for a slow upstream.
-			return nil, fmt.Errorf("%w: %w", res.err, context.DeadlineExceeded)
+			return nil, wrap(res.err, context.DeadlineExceeded)
 		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
 			moves++ // never written: another connection, at no cost
 		case !replayed && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
 			replayed = true
 			p.obs.Replayed()
 		case errors.Is(res.err, errUnsent):
-			return nil, fmt.Errorf("%w: %w", ErrConnLost, res.err)
+			return nil, wrap(ErrConnLost, res.err)
 		default:
 			return nil, res.err
 		}
 	}
 }
 
-func (p *Pool) finish(c *conn, q *query, frame []byte) (*dns.Msg, error) {
-	r, keepalive, err := finishAnswer(q, frame)
-	if err != nil {
-		p.obs.Dropped(DropMalformed)
-		return nil, err
-	}
-	if keepalive >= 0 {
-		c.keepalive(keepalive)
-	}
-	return r, nil
-}
 
 // replayable reports whether a query whose written attempt failed may be sent again:
 // only a plain QUERY (idempotent), only if its connection had answered before (a
