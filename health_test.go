@@ -16,12 +16,7 @@ import (
 func TestProbesReusePooledConnection(t *testing.T) {
 	cert := testCert(t)
 	var probes atomic.Int64
-	s := startServer(t, cert, dottest.Options{OnQuery: func(wire []byte) {
-		m := new(dns.Msg)
-		if m.Unpack(wire) == nil && m.Question[0].Qtype == dns.TypeNS {
-			probes.Add(1)
-		}
-	}})
+	s := startServer(t, cert, dottest.Options{OnQuery: countProbes(&probes)})
 	f := newForward(t, cert, "health_check 20ms\nmax_fails 100", s.Addr)
 	waitFor(t, "the first probe", f.Ready)
 	u := f.upstreams[0]
@@ -41,12 +36,7 @@ func TestProbesReusePooledConnection(t *testing.T) {
 func TestNoProbesWhileAnswersFlow(t *testing.T) {
 	cert := testCert(t)
 	var probes atomic.Int64
-	s := startServer(t, cert, dottest.Options{OnQuery: func(wire []byte) {
-		m := new(dns.Msg)
-		if m.Unpack(wire) == nil && m.Question[0].Qtype == dns.TypeNS {
-			probes.Add(1)
-		}
-	}})
+	s := startServer(t, cert, dottest.Options{OnQuery: countProbes(&probes)})
 	f := newForward(t, cert, "health_check 50ms", s.Addr)
 	waitFor(t, "the first probe", f.Ready)
 	before := probes.Load()
@@ -153,5 +143,15 @@ func TestHandshakeThenCloseDoesNotStorm(t *testing.T) {
 	}
 	if !f.upstreams[0].Down() {
 		t.Error("Expected the upstream down")
+	}
+}
+
+// countProbes returns an OnQuery hook counting health probes (NS queries).
+func countProbes(n *atomic.Int64) func(wire []byte) {
+	return func(wire []byte) {
+		m := new(dns.Msg)
+		if m.Unpack(wire) == nil && m.Question[0].Qtype == dns.TypeNS {
+			n.Add(1)
+		}
 	}
 }

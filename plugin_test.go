@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -98,33 +97,10 @@ func newMsg(name string, qtype uint16) *dns.Msg {
 	return m
 }
 
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("Timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// waitFor and checkNoPoolGoroutines are dottest's, under the names the tests use.
+func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); dottest.WaitFor(t, what, cond) }
 
-// checkNoPoolGoroutines fails if a goroutine of the pool survived OnShutdown.
-func checkNoPoolGoroutines(t *testing.T) {
-	t.Helper()
-	var stacks string
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		buf := make([]byte, 1<<20)
-		stacks = string(buf[:runtime.Stack(buf, true)])
-		if !strings.Contains(stacks, "dot.(*conn)") && !strings.Contains(stacks, "dot.(*Pool)") {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Errorf("Pool goroutines left after OnShutdown:\n%s", stacks)
-}
+func checkNoPoolGoroutines(t *testing.T) { t.Helper(); dottest.CheckNoPoolGoroutines(t) }
 
 func rcodeAnswer(rcode int) func(q *dns.Msg) *dns.Msg {
 	return func(q *dns.Msg) *dns.Msg {

@@ -118,7 +118,6 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 	}
 }
 
-
 // replayable reports whether a query whose written attempt failed may be sent again:
 // only a plain QUERY (idempotent), only if its connection had answered before (a
 // connection that never answered tells nothing good about the next one), and only if
