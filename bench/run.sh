@@ -66,7 +66,7 @@ has_mode() { [[ " $BENCH_MODES " == *" $1 "* ]]; }
 
 preflight() {
 	local t missing=()
-	for t in unbound unbound-control unbound-checkconf dnsperf dig openssl ss go timeout getconf awk sed; do
+	for t in unbound unbound-control unbound-checkconf dnsperf dig openssl ss go timeout getconf awk sed flock; do
 		command -v "$t" >/dev/null 2>&1 || missing+=("$t")
 	done
 	[ ${#missing[@]} -eq 0 ] || die "missing tools: ${missing[*]} (scripts/install-deps.sh installs them)"
@@ -376,6 +376,10 @@ write_machine() {
 }
 
 main() {
+	# One run at a time: a second one would wipe the first one's bench/work.
+	LOCK=${TMPDIR:-/tmp}/dotforward-bench-$(id -u).lock
+	exec 9>"$LOCK"
+	flock -n 9 || die "another bench/run.sh holds $LOCK; wait for it to finish"
 	preflight
 	rm -rf "$WORK"
 	mkdir -p "$WORK" "$RESULTS"
