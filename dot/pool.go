@@ -157,11 +157,11 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 	}
 	// Count ourselves as a waiter before taking the wake channel, and pick again
 	// after: a slot freed in between is then either seen by pick or wakes us. The
-	// waiters are bounded in proportion to the slots: past that the pool is
-	// saturated (an overload, or a black hole filling every slot) and waiting would
-	// only pile up goroutines and memory, so the caller fails at once and can go
-	// elsewhere.
-	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.cfg.MaxConns*p.cfg.MaxInflight) && p.saturated() {
+	// waiters are bounded in proportion to the slots, whatever they wait for (a
+	// slot, a dial, a draining connection's replacement): past that the pool is
+	// overloaded, or a black hole is eating every slot, and waiting would only pile
+	// up goroutines and memory, so the caller fails at once and can go elsewhere.
+	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.cfg.MaxConns*p.cfg.MaxInflight) {
 		p.waiters.Add(-1)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
 	}
@@ -242,22 +242,6 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 		return nil, ErrUnavailable
 	}
 	return p.wake, nil
-}
-
-// saturated reports whether the pool has all the usable connections it may have
-// and none has a free slot: waiting is then for answers, not for a dial.
-func (p *Pool) saturated() bool {
-	usable := 0
-	for _, c := range *p.conns.Load() {
-		if c.unusable.Load() {
-			continue
-		}
-		if c.load.Load() < int32(p.cfg.MaxInflight) {
-			return false
-		}
-		usable++
-	}
-	return usable >= p.cfg.MaxConns
 }
 
 // hasRoomLocked reports whether a usable connection has a free slot.

@@ -613,13 +613,18 @@ func TestWaitersAreBounded(t *testing.T) {
 	p, _ := newTestPool(t, s, func(c *Config) { c.MaxConns = 1; c.MaxInflight = 2; c.ReadTimeout = 5 * time.Second })
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for range 2 + 2*maxWaitersPerSlot { // 2 in the slots, 8 waiting
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.Exchange(ctx, newQuery("fill.example.", dns.TypeA))
-		}()
+	fill := func(n int) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.Exchange(ctx, newQuery("fill.example.", dns.TypeA))
+			}()
+		}
 	}
+	fill(2)
+	waitFor(t, "the slots to fill", func() bool { return p.Stats().Inflight == 2 })
+	fill(2 * maxWaitersPerSlot)
 	waitFor(t, "the slots and the waiting room to fill", func() bool {
 		return p.Stats().Inflight == 2 && p.waiters.Load() == 2*maxWaitersPerSlot
 	})
