@@ -313,13 +313,13 @@ func (c *conn) dispatch(frame []byte) {
 	drain := c.drainedLocked()
 	c.mu.Unlock()
 
+	if first {
+		c.pool.answered() // before the caller hears of it: its next query sees the reset
+	}
 	if drop >= 0 {
 		c.pool.obs.Dropped(drop)
 	} else {
 		c.deliver(cl, frame)
-	}
-	if first {
-		c.pool.answered()
 	}
 	if drain >= 0 {
 		c.closeFor(errDrained, drain)
