@@ -20,7 +20,7 @@ if [ ${#need[@]} -gt 0 ]; then
 	[ "$(id -u)" -eq 0 ] || sudo="sudo"
 	echo "install-deps: installing ${need[*]}"
 	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 # The packaged daemons may have been started by their postinst scripts; the tests
