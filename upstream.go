@@ -31,7 +31,6 @@ type upstream struct {
 	prober   *prober
 	fails    atomic.Int32 // consecutive failures
 	down     atomic.Bool
-	lastOK   atomic.Int64 // unix ns of the last answer
 	lastFail atomic.Int64 // unix ns of the last failure
 	rtt      atomic.Int64 // EWMA of answer time in ns; 0 until the first answer
 	inflight atomic.Int64
@@ -114,7 +113,7 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 		}
 		return nil, err
 	}
-	u.markUpAt(end)
+	u.markUp()
 	u.observeRTT(took)
 	return ret, nil
 }
@@ -151,10 +150,7 @@ func (u *upstream) markDown(err error) {
 }
 
 // markUp records an answer: the upstream works.
-func (u *upstream) markUp() { u.markUpAt(time.Now()) }
-
-func (u *upstream) markUpAt(now time.Time) {
-	u.lastOK.Store(now.UnixNano())
+func (u *upstream) markUp() {
 	if u.fails.Load() != 0 {
 		u.fails.Store(0)
 	}

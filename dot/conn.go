@@ -75,10 +75,11 @@ type conn struct {
 	done   chan struct{} // closed when the connection is closed
 	born   int64         // unix ns
 
-	load     atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
-	unusable atomic.Bool  // closed or draining; written under mu
-	reads    atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
-	lastUsed atomic.Int64 // pool clock (coarse) of the last query registered or answered
+	load      atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
+	unusable  atomic.Bool  // closed or draining; written under mu
+	nearLimit atomic.Bool  // 3/4 of the learned query limit taken: time to dial the next one; written under mu
+	reads     atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
+	lastUsed  atomic.Int64 // pool clock (coarse) of the last query registered or answered
 
 	mu       sync.Mutex
 	calls    map[uint16]*call // guarded by mu: live calls and tombstones by ID
@@ -137,6 +138,9 @@ func (c *conn) register(cl *call) bool {
 	c.calls[cl.id] = cl
 	c.load.Store(int32(len(c.calls)))
 	c.accepted++
+	if c.limit > 0 && c.accepted >= c.limit*3/4 {
+		c.nearLimit.Store(true)
+	}
 	if c.limit > 0 && c.accepted >= c.limit {
 		// The server cuts connections after about this many queries: stop here so
 		// that nothing we write is cut off.
@@ -540,14 +544,6 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 			cl.complete(result{err: lost})
 		}
 	}
-}
-
-// nearLimit reports whether the connection is close to its learned query limit, so
-// that the next connection can be dialed before this one drains.
-func (c *conn) nearLimit() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.limit > 0 && c.accepted >= c.limit*3/4
 }
 
 // closeSocket closes the TLS connection. tls.Conn.Close sends close_notify and may

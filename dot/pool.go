@@ -210,7 +210,7 @@ func (p *Pool) pick(cl *call) *conn {
 			return nil
 		}
 		if best.register(cl) {
-			busy := bestLoad+1 >= int32(p.cfg.MaxInflight/2) || best.nearLimit()
+			busy := bestLoad+1 >= int32(p.cfg.MaxInflight/2) || best.nearLimit.Load()
 			if busy && usable < p.cfg.MaxConns && !p.dialing.Load() {
 				p.mu.Lock()
 				p.startDialLocked()
