@@ -2,8 +2,12 @@ package dot
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/miekg/dns"
 )
 
 // FuzzReadFrames feeds arbitrary bytes to a connection's response reader with three
@@ -46,4 +50,161 @@ func FuzzReadFrames(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzFinishAnswer checks the hand-rolled answer unpacking against the plain one
+// it replaced (dns.Msg.Unpack, then the hop-by-hop options and, for a client
+// without EDNS, the OPT removed): for any answer to the question, with and without
+// a client OPT, both give the same message and keepalive. The hand-rolled one may
+// only be more lenient, with a malformed hop-by-hop option that it drops unread.
+func FuzzFinishAnswer(f *testing.F) {
+	plain := mustPrepare(f, "WwW.Example.")
+	m := newQuery("WwW.Example.", dns.TypeA)
+	m.SetEdns0(1232, true)
+	withOPT, err := prepareQuery(m, 128, true)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, r := range seedAnswers(f, m) {
+		f.Add(r)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, q := range []*query{plain, withOPT} {
+			if !answers(data, q.question) {
+				return
+			}
+			want, wantKA, wantErr := finishAnswerPlain(q, bytes.Clone(data))
+			got, gotKA, gotErr := finishAnswer(q, bytes.Clone(data))
+			switch {
+			case gotErr != nil && !errors.Is(gotErr, ErrMalformed):
+				t.Fatalf("Error %v is not ErrMalformed", gotErr)
+			case gotErr != nil && wantErr == nil:
+				t.Fatalf("finishAnswer failed (%v) where dns.Msg.Unpack did not", gotErr)
+			case gotErr != nil || wantErr != nil:
+				return
+			}
+			if got.String() != want.String() || gotKA != wantKA || got.Rcode != want.Rcode {
+				t.Fatalf("finishAnswer (clientOPT %v) gave keepalive %d and\n%v\nwant keepalive %d and\n%v", q.clientOPT, gotKA, got, wantKA, want)
+			}
+		}
+	})
+}
+
+// seedAnswers returns answers to m of the shapes upstreams send: records in every
+// section, the question in another case, a CNAME chain, padding and keepalive, an
+// extended rcode, compression pointers everywhere.
+func seedAnswers(t testing.TB, m *dns.Msg) [][]byte {
+	var out [][]byte
+	add := func(edit func(r *dns.Msg)) {
+		r := new(dns.Msg)
+		r.SetReply(m)
+		r.Compress = true
+		edit(r)
+		b, err := r.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b)
+	}
+	rr := func(s string) dns.RR {
+		r, err := dns.NewRR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	add(func(r *dns.Msg) {
+		r.Answer = []dns.RR{rr("WwW.Example. 300 IN A 192.0.2.1"), rr("WwW.Example. 300 IN A 192.0.2.2")}
+		r.SetEdns0(1232, true)
+		o := r.IsEdns0()
+		o.Option = append(o.Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 100},
+			&dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeStaleAnswer, ExtraText: "stale"},
+			&dns.EDNS0_PADDING{Padding: make([]byte, 300)})
+	})
+	add(func(r *dns.Msg) {
+		r.Question[0].Name = "www.example."
+		r.Answer = []dns.RR{rr("www.example. 60 IN CNAME a.example.net."), rr("a.example.net. 60 IN A 192.0.2.3")}
+		r.Ns = []dns.RR{rr("example.net. 60 IN NS ns.example.net.")}
+		r.Extra = []dns.RR{rr("ns.example.net. 60 IN AAAA 2001:db8::1")}
+	})
+	add(func(r *dns.Msg) {
+		r.Rcode = dns.RcodeBadCookie // extended: only with an OPT
+		r.SetEdns0(1232, false)
+		r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0102030405060708"})
+	})
+	add(func(r *dns.Msg) {
+		r.Rcode = dns.RcodeNameError
+		r.Ns = []dns.RR{rr("example. 300 IN SOA ns.example. host.example. 1 2 3 4 5")}
+		r.SetEdns0(512, true)
+		r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: dns.EDNS0TCPKEEPALIVE, Data: []byte{0, 0}})
+	})
+	add(func(r *dns.Msg) {
+		r.Answer = []dns.RR{rr(`WwW.Example. 60 IN TXT "v=spf1 -all" "x"`), rr("WwW.Example. 60 IN MX 10 mail.WwW.Example.")}
+		r.Extra = []dns.RR{rr("mail.WwW.Example. 60 IN A 192.0.2.9")}
+		r.SetEdns0(1232, true)
+	})
+	return out
+}
+
+// finishAnswerPlain is what finishAnswer did before it unpacked by hand: the oracle
+// of FuzzFinishAnswer.
+func finishAnswerPlain(q *query, frame []byte) (*dns.Msg, int, error) {
+	r := new(dns.Msg)
+	if err := r.Unpack(frame); err != nil {
+		return nil, -1, err
+	}
+	r.Id = q.origID
+	r.Question[0].Name = q.name
+	keepalive := -1 // the last 2-byte keepalive option in an additional OPT
+	kept := r.Extra[:0]
+	for _, rr := range r.Extra {
+		opt, ok := rr.(*dns.OPT)
+		if !ok {
+			kept = append(kept, rr)
+			continue
+		}
+		var options []dns.EDNS0
+		for _, o := range opt.Option {
+			if c := o.Option(); c != dns.EDNS0TCPKEEPALIVE && c != dns.EDNS0PADDING {
+				options = append(options, o)
+			}
+		}
+		opt.Option = options
+		if q.clientOPT {
+			kept = append(kept, rr)
+		} else {
+			r.Rcode &= 0xF
+		}
+	}
+	r.Extra = kept
+	if len(kept) == 0 {
+		r.Extra = nil
+	}
+	if ka := additionalKeepalives(frame); len(ka) > 0 {
+		keepalive = int(binary.BigEndian.Uint16(ka[len(ka)-1]))
+	}
+	return r, keepalive, nil
+}
+
+// additionalKeepalives returns the timeouts of the 2-byte keepalive options in the
+// OPT records of frame's additional section (miekg/dns unpacks an empty option and
+// a zero timeout alike, so this reads the wire).
+func additionalKeepalives(frame []byte) [][]byte {
+	var out [][]byte
+	additional := int(binary.BigEndian.Uint16(frame[6:])) + int(binary.BigEndian.Uint16(frame[8:]))
+	i := -1
+	walkRRs(frame, func(rrtype uint16, _ int, rdata []byte) {
+		i++
+		for i >= additional && rrtype == dns.TypeOPT && len(rdata) >= 4 {
+			code, n := binary.BigEndian.Uint16(rdata), int(binary.BigEndian.Uint16(rdata[2:]))
+			if 4+n > len(rdata) {
+				return
+			}
+			if code == dns.EDNS0TCPKEEPALIVE && n == 2 {
+				out = append(out, rdata[4:6])
+			}
+			rdata = rdata[4+n:]
+		}
+	})
+	return out
 }
