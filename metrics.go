@@ -47,6 +47,12 @@ var (
 		Name:      "conns_open",
 		Help:      "Gauge of open TLS connections to each upstream.",
 	}, []string{"to"})
+	sharedRecords = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "shared_records",
+		Help:      "Gauge: 1 once an upstream has shown it reads every query of a TLS record, 0 while each query gets a record of its own.",
+	}, []string{"to"})
 	dialsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
@@ -191,6 +197,19 @@ func (o *observer) Failed(err error) {
 	if o.onFailure != nil {
 		o.onFailure(err)
 	}
+}
+
+// SharedRecords implements dot.Observer: it logs what the pool learned of how the
+// upstream reads TLS records, which an operator may want to know when an upstream
+// costs more than expected.
+func (o *observer) SharedRecords(shared bool) {
+	if shared {
+		sharedRecords.WithLabelValues(o.to).Set(1)
+		log.Infof("Upstream %s reads every query of a TLS record: bursts of queries share records", o.to)
+		return
+	}
+	sharedRecords.WithLabelValues(o.to).Set(0)
+	log.Infof("Upstream %s did not show it reads past the first query of a TLS record: one query per record", o.to)
 }
 
 // begin counts a query sent to the upstream.

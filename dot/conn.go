@@ -34,6 +34,7 @@ type call struct {
 	sentAt   atomic.Int64 // unix ns when the batch holding it was flushed; 0 before
 	readsAt  atomic.Int64 // the connection's frames read when it was flushed
 	id       uint16       // connection-local ID, set under conn.mu by register
+	trial    bool         // the call is one of a record trial's two queries (see packing)
 
 	callerDeadline bool // deadline is the caller's, not ReadTimeout
 
@@ -71,6 +72,8 @@ type conn struct {
 	tc     *tls.Conn
 	br     *bufio.Reader // reader goroutine only
 	bc     *batchConn    // under tc: gathers the records of one batch into one write
+	wbuf   []byte        // writer goroutine only: frames of the batch being written
+	trialc chan *call    // cap 2: the reader reports answers to record trial queries to the writer
 	writeq chan *call    // cap MaxInflight; sends never block (see register)
 	done   chan struct{} // closed when the connection is closed
 	born   int64         // unix ns
@@ -107,6 +110,7 @@ func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 		br:       bufio.NewReaderSize(tc, 16<<10),
 		bc:       bc,
 		writeq:   make(chan *call, p.cfg.MaxInflight),
+		trialc:   make(chan *call, 2),
 		done:     make(chan struct{}),
 		born:     now,
 		calls:    make(map[uint16]*call, p.cfg.MaxInflight),
@@ -164,78 +168,119 @@ func (c *conn) register(cl *call) bool {
 	}
 }
 
-// writeLoop writes queued calls, coalescing everything queued while a write was in
-// progress into one flush: one TLS record and one syscall for a burst of queries.
+// writeLoop writes queued calls: everything queued while it was busy goes out in
+// one flush, one syscall for a burst of queries (see packing for how they are
+// framed into TLS records).
 func (c *conn) writeLoop() {
 	defer c.pool.wg.Done()
-	var frame []byte
 	var batch []*call
 	for {
-		var cl *call
-		select {
-		case cl = <-c.writeq:
-		case <-c.done:
+		var ok bool
+		if batch, ok = c.gather(batch[:0]); !ok {
 			return
 		}
-		batch = batch[:0]
-		yielded, size := false, 0
-		var werr error
-		c.bc.begin()
-		for cl != nil {
-			if cl.state.CompareAndSwap(callQueued, callSent) {
-				// One TLS record per query (some servers, dnsdist 1.7 among them,
-				// leave all but the first query of a record unread), gathered by bc
-				// into one write. The shared wire is never written to: our length
-				// and ID go in front of a copy.
-				frame = binary.BigEndian.AppendUint16(frame[:0], uint16(len(cl.q.wire)-2))
-				frame = binary.BigEndian.AppendUint16(frame, cl.id)
-				frame = append(frame, cl.q.wire[4:]...)
-				if _, err := c.tc.Write(frame); err != nil && werr == nil {
-					werr = err
-				}
-				size += len(frame)
-				batch = append(batch, cl)
-			}
-			select {
-			case cl = <-c.writeq:
-			default:
-				cl = nil
-				if !yielded && size < coalesceBytes {
-					// Let callers that are about to queue do so, and take them in
-					// this write (gRPC's loopy writer does the same): one syscall
-					// and one TLS record for the burst instead of one each.
-					yielded = true
-					runtime.Gosched()
-					select {
-					case cl = <-c.writeq:
-					default:
-					}
-				}
-			}
-		}
-		if len(batch) == 0 {
-			c.bc.flush()
-			continue
-		}
-		// Frames read before the write cannot be answers to this batch: whatever is
-		// read from now on counts as "read since it was sent".
-		reads := c.reads.Load()
-		c.tc.SetWriteDeadline(time.Now().Add(c.pool.cfg.WriteTimeout))
-		err := c.bc.flush() // the first error is sticky
-		if werr != nil {
-			err = werr
-		}
-		now := nanotime()
-		for _, b := range batch {
-			b.readsAt.Store(reads)
-			b.sentAt.Store(now)
-		}
+		err := c.writeBatch(batch)
 		clear(batch)
 		if err != nil {
 			c.writeFailed(err)
 			return
 		}
 	}
+}
+
+// gather waits for a queued call and takes everything queued behind it. It yields
+// once, so that callers about to queue make it into this write (gRPC's loopy writer
+// does the same). It returns false when the connection is closed.
+func (c *conn) gather(batch []*call) ([]*call, bool) {
+	select {
+	case cl := <-c.writeq:
+		batch = append(batch, cl)
+	case <-c.done:
+		return batch, false
+	}
+	yielded, size := false, len(batch[0].q.wire)
+	for {
+		select {
+		case cl := <-c.writeq:
+			batch = append(batch, cl)
+			size += len(cl.q.wire)
+			continue
+		default:
+		}
+		if yielded || size >= coalesceBytes {
+			return batch, true
+		}
+		yielded = true
+		runtime.Gosched()
+	}
+}
+
+// writeBatch writes the calls of batch that are still queued, in shared TLS records
+// if the upstream is known to read them, else one record each; a batch of three or
+// more runs the record trial when there is no verdict yet.
+func (c *conn) writeBatch(batch []*call) error {
+	v := c.pool.packing()
+	if v == packUnknown && len(batch) >= 3 && c.pool.startTrial() {
+		n, err := c.trial(batch)
+		if err != nil {
+			return err
+		}
+		batch, v = batch[n:], c.pool.packing()
+	}
+	_, err := c.writeRecords(batch, v == packShared)
+	return err
+}
+
+// writeRecords frames the calls of batch still queued (one abandoned by its caller
+// is skipped) and writes them with one syscall: in shared records, or each in a
+// record of its own. The shared query wire is never written to: our length and ID
+// go in front of a copy. It returns how many calls it wrote (moved to the front of
+// batch) and the first write error, which is sticky.
+func (c *conn) writeRecords(batch []*call, shared bool) (int, error) {
+	var werr error
+	n := 0
+	buf := c.wbuf[:0]
+	c.bc.begin()
+	for _, cl := range batch {
+		if !cl.state.CompareAndSwap(callQueued, callSent) {
+			continue
+		}
+		start := len(buf)
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(cl.q.wire)-2))
+		buf = binary.BigEndian.AppendUint16(buf, cl.id)
+		buf = append(buf, cl.q.wire[4:]...)
+		if !shared {
+			if _, err := c.tc.Write(buf[start:]); err != nil && werr == nil {
+				werr = err
+			}
+			buf = buf[:start]
+		}
+		batch[n] = cl
+		n++
+	}
+	if shared && len(buf) > 0 {
+		if _, err := c.tc.Write(buf); err != nil && werr == nil {
+			werr = err
+		}
+	}
+	c.wbuf = buf[:0]
+	if n == 0 {
+		return 0, c.bc.flush()
+	}
+	// Frames read before the write cannot be answers to it: whatever is read from
+	// now on counts as "read since it was sent".
+	reads := c.reads.Load()
+	c.tc.SetWriteDeadline(time.Now().Add(c.pool.cfg.WriteTimeout))
+	err := c.bc.flush()
+	if werr != nil {
+		err = werr
+	}
+	now := nanotime()
+	for _, cl := range batch[:n] {
+		cl.readsAt.Store(reads)
+		cl.sentAt.Store(now)
+	}
+	return n, err
 }
 
 // readLoop frames answers and dispatches them until the connection fails or is
@@ -324,6 +369,9 @@ func (c *conn) dispatch(frame []byte) {
 		c.pool.obs.Dropped(drop)
 	} else {
 		c.deliver(cl, frame)
+		if cl.trial {
+			c.trialAnswered(cl)
+		}
 	}
 	if drain >= 0 {
 		c.closeFor(errDrained, drain)

@@ -61,6 +61,7 @@ type recorder struct {
 	replays  int
 	timeouts int
 	failures int
+	verdicts []bool // SharedRecords reports, in order
 }
 
 func newRecorder() *recorder {
@@ -107,6 +108,12 @@ func (r *recorder) Failed(error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.failures++
+}
+
+func (r *recorder) SharedRecords(shared bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verdicts = append(r.verdicts, shared)
 }
 
 func (r *recorder) get(f func(r *recorder) int) int {

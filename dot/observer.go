@@ -20,6 +20,12 @@ type Observer interface {
 	// lost query: a dial or TLS handshake failed, a connection died before its
 	// first answer, or a connection stalled. It feeds health checking.
 	Failed(err error)
+	// SharedRecords reports what the pool learned of how the upstream reads TLS
+	// records, when that changes: true, it reads every query of a record, so a burst
+	// of queries shares records; false, it reads only the first query of a record
+	// until more bytes come (or did not answer the trial in time), so each query
+	// gets a record of its own.
+	SharedRecords(shared bool)
 }
 
 // CloseReason says why a connection closed.
@@ -76,3 +82,4 @@ func (nopObserver) Dropped(DropReason)                {}
 func (nopObserver) Replayed()                         {}
 func (nopObserver) TimedOut()                         {}
 func (nopObserver) Failed(error)                      {}
+func (nopObserver) SharedRecords(bool)                {}

@@ -27,12 +27,15 @@ type Pool struct {
 	tls *tls.Config
 	obs Observer
 
-	conns      atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
-	waiters    atomic.Int32            // callers waiting in acquire for a slot or a connection
-	dialing    atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
-	limit      atomic.Int32            // queries per connection the server allows, learned from its cuts
-	limitUntil atomic.Int64            // unix ns until which limit holds
-	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
+	conns       atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters     atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing     atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
+	limit       atomic.Int32            // queries per connection the server allows, learned from its cuts
+	limitUntil  atomic.Int64            // unix ns until which limit holds
+	pack        atomic.Int32            // a packing: how the upstream reads TLS records
+	packUntil   atomic.Int64            // pool clock until which a packShared or packOnePer verdict holds
+	lastVerdict atomic.Int32            // the last verdict reported to the observer
+	clock       atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
@@ -375,7 +378,7 @@ func (p *Pool) learnLimit(reason CloseReason, answered, outstanding int) {
 	}
 	// Forget it after a while: a cut may have been a one-off (a restart), and a
 	// needlessly low limit costs handshakes.
-	p.limitUntil.Store(nanotime() + int64(learnedLimitTTL))
+	p.limitUntil.Store(nanotime() + int64(learnedTTL))
 }
 
 // connClosed removes c from the pool. A connection that failed before its first
@@ -451,8 +454,9 @@ const minLearnedLimit = 16
 // maxWaitersPerSlot bounds the callers waiting for a slot of a saturated pool.
 const maxWaitersPerSlot = 4
 
-// learnedLimitTTL is how long a learned per-connection query limit holds.
-const learnedLimitTTL = 10 * time.Minute
+// learnedTTL is how long what the pool learns of its upstream holds: a
+// per-connection query limit, how it reads TLS records.
+const learnedTTL = 10 * time.Minute
 
 // learnedLimit returns the per-connection query limit learned from the server's
 // cuts, or 0 if none holds.

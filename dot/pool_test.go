@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,23 +78,64 @@ func TestPipeliningOutOfOrder(t *testing.T) {
 	}
 }
 
-// Queries queued while a write is in progress go out together in one write.
+// Queries queued while a write is in progress go out together in one write. The
+// first such burst runs the record trial; later ones are framed by its verdict:
+// shared records for a server that reads them, one record per query for one that
+// reads only the first query of a record until more bytes come (dnsdist 1.7).
 func TestWritesCoalesce(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{})
-	g := newGate()
-	p, _ := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
-	if _, err := exchange(p, "warm.example."); err != nil {
-		t.Fatal(err)
+	const n = 50
+	for _, lazy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("LazyRecords=%v", lazy), func(t *testing.T) {
+			s := dottest.Start(t, dottest.Options{LazyRecords: lazy})
+			g := newGate()
+			p, rec := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
+			if _, err := exchange(p, "warm.example."); err != nil {
+				t.Fatal(err)
+			}
+			// The trial: after the blocked write, one write with the first two
+			// queries in one record, then the rest once the verdict is in.
+			if w := gatedBurst(t, p, g, n); w != 3 {
+				t.Errorf("Socket writes for the first burst of %d queries = %d, want 3 (the blocked one, the trial record, the rest)", n, w)
+			}
+			if v := verdicts(rec); len(v) != 1 || v[0] == lazy {
+				t.Fatalf("Verdicts = %v, want [%v]", v, !lazy)
+			}
+			if w := gatedBurst(t, p, g, n); w != 2 {
+				t.Errorf("Socket writes for %d queries = %d, want 2 (the blocked one, then one batch)", n, w)
+			}
+			g.mu.Lock()
+			records := tlsRecords(g.last)
+			g.mu.Unlock()
+			switch {
+			case lazy && records != n-1:
+				t.Errorf("The batch write holds %d TLS records for %d queries, want one each", records, n-1)
+			case !lazy && records != 1:
+				t.Errorf("The batch write holds %d TLS records for %d queries, want 1", records, n-1)
+			}
+			if to, re := rec.get(func(r *recorder) int { return r.timeouts }), rec.get(func(r *recorder) int { return r.replays }); to+re != 0 {
+				t.Errorf("%d timeouts and %d replays, want none", to, re)
+			}
+			// Once the verdict expires, the next burst tries again.
+			p.packUntil.Store(0)
+			if w := gatedBurst(t, p, g, n); w != 3 {
+				t.Errorf("Socket writes for a burst after the verdict expired = %d, want 3 (a new trial)", w)
+			}
+		})
 	}
+}
+
+// gatedBurst blocks p's next socket write, queues n queries behind it, releases
+// the write and waits for every answer. It returns how many socket writes that took.
+func gatedBurst(t *testing.T, p *Pool, g *gate, n int) int64 {
+	t.Helper()
 	g.hold()
 	before := g.writes.Load()
-	const n = 50
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	run := func(i int) {
 		defer wg.Done()
 		if _, err := exchange(p, fmt.Sprintf("q%d.example.", i)); err != nil {
-			errs <- err
+			errs <- fmt.Errorf("q%d: %w", i, err)
 		}
 	}
 	wg.Add(1)
@@ -110,19 +152,13 @@ func TestWritesCoalesce(t *testing.T) {
 	for err := range errs {
 		t.Errorf("Query failed: %v", err)
 	}
-	// Without coalescing this would be one write per query. With it: the blocked
-	// write, then one write carrying the other 49 queries' records.
-	if w := g.writes.Load() - before; w != 2 {
-		t.Errorf("Socket writes for %d queries = %d, want 2 (the blocked one, then one batch)", n, w)
-	}
-	// Each query has a TLS record of its own inside that write: some servers
-	// (dnsdist 1.7) read only the first query of a record until more data comes.
-	g.mu.Lock()
-	records := tlsRecords(g.last)
-	g.mu.Unlock()
-	if records != n-1 {
-		t.Errorf("The batch write holds %d TLS records for %d queries, want one each", records, n-1)
-	}
+	return g.writes.Load() - before
+}
+
+func verdicts(r *recorder) []bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.verdicts)
 }
 
 // Every query is answered with its own question under concurrency, answers arrive

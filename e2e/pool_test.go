@@ -19,6 +19,7 @@ type countingObserver struct {
 	closes             map[string]int
 	timeouts, replays  atomic.Int64
 	dials, dialFailure atomic.Int64
+	verdicts           []bool // guarded by mu: SharedRecords reports
 }
 
 func (o *countingObserver) Dialed(_ time.Duration, _ bool, err error) {
@@ -43,6 +44,12 @@ func (o *countingObserver) Dropped(r dot.DropReason) {
 func (o *countingObserver) Replayed()    { o.replays.Add(1) }
 func (o *countingObserver) TimedOut()    { o.timeouts.Add(1) }
 func (o *countingObserver) Failed(error) {}
+
+func (o *countingObserver) SharedRecords(shared bool) {
+	o.mu.Lock()
+	o.verdicts = append(o.verdicts, shared)
+	o.mu.Unlock()
+}
 
 // TestPoolAgainstServerCuts drives dot.Pool itself (no CoreDNS in between) against
 // dnsdist closing every DoT connection after cutAfter queries. dnsdist always

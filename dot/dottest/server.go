@@ -1,11 +1,10 @@
 package dottest
 
 import (
-	"bufio"
+	"bytes"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -43,6 +42,12 @@ type Options struct {
 	// Raw, if set, replaces the answer with the returned raw messages (each framed
 	// with its own length prefix): garbage, truncated or duplicate answers.
 	Raw func(q *dns.Msg, answer []byte) [][]byte
+	// LazyRecords reads only the first query of each TLS record until the next
+	// record arrives, as a server does that waits for its socket to become readable
+	// while more queries sit in its TLS library's buffer (dnsdist 1.7 without
+	// maxInFlight). When a record arrives, the queries held from earlier ones are
+	// served first.
+	LazyRecords bool
 	// OnQuery observes every query as received (without the length prefix).
 	OnQuery func(wire []byte)
 	// Cert is the server's certificate. Default: NewCert() for 127.0.0.1 and ServerName.
@@ -63,7 +68,7 @@ type Server struct {
 	tls  *tls.Config
 	ln   net.Listener
 
-	queries, answers, handshakes, resumed, conns, maxOutstanding atomic.Int64
+	queries, answers, handshakes, resumed, conns, maxOutstanding, records atomic.Int64
 
 	mu     sync.Mutex
 	open   map[net.Conn]struct{} // guarded by mu
@@ -117,6 +122,9 @@ func (s *Server) ClientTLS() *tls.Config { return s.Cert.ClientTLS(s.ServerName)
 
 // Queries returns how many queries the server received.
 func (s *Server) Queries() int64 { return s.queries.Load() }
+
+// Records returns how many TLS records of application data the server read.
+func (s *Server) Records() int64 { return s.records.Load() }
 
 // Answers returns how many answers the server wrote.
 func (s *Server) Answers() int64 { return s.answers.Load() }
@@ -219,40 +227,63 @@ func (s *Server) serve(raw net.Conn) {
 }
 
 func (sc *serverConn) readLoop() {
-	br := bufio.NewReader(sc.tc)
-	var hdr [2]byte
+	// crypto/tls returns at most one record's plaintext per Read, so each Read
+	// here is one TLS record the client sent.
+	buf := make([]byte, 64<<10)
+	var stream []byte // plaintext received and not yet framed
+	var held [][]byte // LazyRecords: queries read but left in the record's buffer
 	received := 0
 	for {
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		n, err := sc.tc.Read(buf)
+		if err != nil {
 			return
 		}
-		wire := make([]byte, binary.BigEndian.Uint16(hdr[:]))
-		if _, err := io.ReadFull(br, wire); err != nil {
-			return
+		sc.s.records.Add(1)
+		stream = append(stream, buf[:n]...)
+		var queries [][]byte
+		for len(stream) >= 2 && len(stream) >= 2+int(binary.BigEndian.Uint16(stream)) {
+			end := 2 + int(binary.BigEndian.Uint16(stream))
+			queries = append(queries, bytes.Clone(stream[2:end]))
+			stream = stream[end:]
 		}
-		sc.s.queries.Add(1)
-		if f := sc.s.opts.OnQuery; f != nil {
-			f(wire)
+		if sc.s.opts.LazyRecords {
+			// New bytes make the socket readable: the held queries are read now,
+			// then only the first of this record's.
+			queries = append(held, queries...)
+			take := len(held) + min(len(queries)-len(held), 1)
+			held = append([][]byte(nil), queries[take:]...)
+			queries = queries[:take]
 		}
-		received++
-		if n := sc.s.opts.CloseAfter; n > 0 && received > n {
-			continue // over this connection's query limit: never answered
+		for _, wire := range queries {
+			received++
+			sc.query(wire, received)
 		}
-		q := new(dns.Msg)
-		if err := q.Unpack(wire); err != nil || len(q.Question) != 1 {
-			continue
-		}
-		sc.noteOutstanding(1)
-		if sc.s.opts.InOrder {
-			sc.answer(q)
-			continue
-		}
-		sc.pending.Add(1)
-		go func() {
-			defer sc.pending.Done()
-			sc.answer(q)
-		}()
 	}
+}
+
+// query handles the received-th query of the connection.
+func (sc *serverConn) query(wire []byte, received int) {
+	sc.s.queries.Add(1)
+	if f := sc.s.opts.OnQuery; f != nil {
+		f(wire)
+	}
+	if n := sc.s.opts.CloseAfter; n > 0 && received > n {
+		return // over this connection's query limit: never answered
+	}
+	q := new(dns.Msg)
+	if err := q.Unpack(wire); err != nil || len(q.Question) != 1 {
+		return
+	}
+	sc.noteOutstanding(1)
+	if sc.s.opts.InOrder {
+		sc.answer(q)
+		return
+	}
+	sc.pending.Add(1)
+	go func() {
+		defer sc.pending.Done()
+		sc.answer(q)
+	}()
 }
 
 func (sc *serverConn) noteOutstanding(d int64) {

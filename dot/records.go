@@ -1,0 +1,129 @@
+package dot
+
+import (
+	"time"
+)
+
+// How queries are framed into TLS records.
+//
+// A burst of queries costs the upstream less in one shared record than in one
+// record each: OpenSSL-based servers such as unbound make two read(2) calls per
+// record. But some servers read only the first query of a record and then wait for
+// the socket to become readable, which it never does for the queries already
+// buffered in their TLS library: dnsdist 1.7 without maxInFlight is one, and
+// systemd-resolved had the same bug as a client. So a pool sends one query per
+// record until a trial has shown that its upstream reads past the first query of
+// a record, and remembers the verdict for learnedTTL.
+//
+// The trial uses the queries at hand, so it costs no extra query: the first two
+// queries of a batch of three or more go in one record, and nothing more is written
+// on that connection until the second is answered (the server read it: records
+// can be shared) or the first is answered and the second not within a grace (it
+// did not: one query per record). The rest of the batch then goes out, and its
+// bytes wake a server that was waiting, which then reads the held second query.
+
+// packing is what a pool knows about how its upstream reads TLS records.
+type packing int32
+
+const (
+	packUnknown packing = iota // no verdict yet, or it expired: one query per record
+	packTrial                  // a connection is finding out: one query per record
+	packShared                 // the upstream reads every query of a record
+	packOnePer                 // it reads only the first until more bytes come
+)
+
+const (
+	// trialTimeout bounds how long a trial holds a connection's writes when
+	// neither query is answered; the verdict is then one query per record, for
+	// undecidedTTL only.
+	trialTimeout = 250 * time.Millisecond
+	undecidedTTL = 30 * time.Second
+	// minTrialGrace is the least time the second query gets after the first is
+	// answered; it also gets as long as the first took.
+	minTrialGrace = 5 * time.Millisecond
+)
+
+// packing returns the pool's current verdict; an expired one is packUnknown.
+func (p *Pool) packing() packing {
+	s := packing(p.pack.Load())
+	if (s == packShared || s == packOnePer) && p.clock.Load() > p.packUntil.Load() {
+		return packUnknown
+	}
+	return s
+}
+
+// startTrial reports whether the caller is to run the trial: there is no verdict
+// and no other connection is running one.
+func (p *Pool) startTrial() bool {
+	s := p.pack.Load()
+	return packing(s) != packTrial && p.packing() == packUnknown && p.pack.CompareAndSwap(s, int32(packTrial))
+}
+
+// endTrial records a trial's verdict for ttl, or clears the trial (packUnknown) so
+// that another one runs. A changed verdict is reported to the observer.
+func (p *Pool) endTrial(v packing, ttl time.Duration) {
+	p.packUntil.Store(p.clock.Load() + int64(ttl))
+	p.pack.Store(int32(v))
+	if v == packUnknown {
+		return
+	}
+	if prev := packing(p.lastVerdict.Swap(int32(v))); prev != v {
+		p.obs.SharedRecords(v == packShared)
+	}
+}
+
+// trial runs the record trial on batch, which holds at least three queued calls:
+// it writes the first two in one record and waits for the verdict. It returns how
+// many calls of batch it wrote, and the first write error.
+func (c *conn) trial(batch []*call) (int, error) {
+	for len(c.trialc) > 0 {
+		<-c.trialc // late reports of an earlier trial, which would fill the channel
+	}
+	batch[0].trial, batch[1].trial = true, true // before the CAS that publishes them to the reader
+	n, err := c.writeRecords(batch[:2], true)
+	if err != nil || n < 2 {
+		// An abandoned query left nothing to try with: another batch will.
+		c.pool.endTrial(packUnknown, 0)
+		return n, err
+	}
+	v, ttl := c.trialVerdict(batch[0], batch[1], time.Now())
+	c.pool.endTrial(v, ttl)
+	return n, nil
+}
+
+// trialVerdict waits for the answers to the trial's queries first and second, as
+// the reader reports them on trialc (where a late answer to an earlier trial's
+// query may also turn up).
+func (c *conn) trialVerdict(first, second *call, start time.Time) (packing, time.Duration) {
+	t := time.NewTimer(trialTimeout)
+	defer t.Stop()
+	firstIn := false
+	for {
+		select {
+		case cl := <-c.trialc:
+			if cl == second {
+				return packShared, learnedTTL
+			}
+			if cl == first && !firstIn {
+				firstIn = true
+				t.Reset(max(minTrialGrace, time.Since(start)))
+			}
+		case <-t.C:
+			if firstIn {
+				return packOnePer, learnedTTL
+			}
+			return packOnePer, undecidedTTL // a slow upstream tells nothing: try again later
+		case <-c.done:
+			return packUnknown, 0
+		}
+	}
+}
+
+// trialAnswered tells the trial waiting on this connection, if any, that its
+// query cl was answered.
+func (c *conn) trialAnswered(cl *call) {
+	select {
+	case c.trialc <- cl:
+	default: // full of reports nobody waited for
+	}
+}
