@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -227,41 +228,63 @@ func (c *conn) writeBatch(batch []*call) error {
 		}
 		batch, v = batch[n:], c.pool.packing()
 	}
-	_, err := c.writeRecords(batch, v == packShared)
+	f := ownRecords
+	if v == packShared {
+		f = sharedRecords
+	}
+	_, err := c.writeRecords(batch, f)
 	return err
 }
 
+// framing says how writeRecords puts queries into TLS records.
+type framing int
+
+const (
+	ownRecords    framing = iota // each query in a record of its own
+	sharedRecords                // all but the last share records, the last has its own
+	oneRecord                    // all in one record: the record trial
+)
+
 // writeRecords frames the calls of batch still queued (one abandoned by its caller
-// is skipped) and writes them with one syscall: in shared records, or each in a
-// record of its own. The shared query wire is never written to: our length and ID
-// go in front of a copy. It returns how many calls it wrote (moved to the front of
-// batch) and the first write error, which is sticky.
-func (c *conn) writeRecords(batch []*call, shared bool) (int, error) {
+// is skipped) and writes them with one syscall, in records as f says. In shared
+// records the last query has a record of its own: a server that serves the queries
+// left in its TLS buffer only when its socket is readable (dnsdist 1.7) finds that
+// record unread on the socket until it has served the others. The shared query
+// wire is never written to: our length and ID go in front of a copy. It returns
+// how many calls it wrote (moved to the front of batch) and the first write
+// error, which is sticky.
+func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 	var werr error
-	n := 0
+	write := func(p []byte) {
+		if _, err := c.tc.Write(p); err != nil && werr == nil {
+			werr = err
+		}
+	}
+	n, last := 0, 0
 	buf := c.wbuf[:0]
 	c.bc.begin()
 	for _, cl := range batch {
 		if !cl.state.CompareAndSwap(callQueued, callSent) {
 			continue
 		}
-		start := len(buf)
+		last = len(buf)
 		buf = binary.BigEndian.AppendUint16(buf, uint16(len(cl.q.wire)-2))
 		buf = binary.BigEndian.AppendUint16(buf, cl.id)
 		buf = append(buf, cl.q.wire[4:]...)
-		if !shared {
-			if _, err := c.tc.Write(buf[start:]); err != nil && werr == nil {
-				werr = err
-			}
-			buf = buf[:start]
+		if f == ownRecords {
+			write(buf)
+			buf = buf[:0]
 		}
 		batch[n] = cl
 		n++
 	}
-	if shared && len(buf) > 0 {
-		if _, err := c.tc.Write(buf); err != nil && werr == nil {
-			werr = err
-		}
+	switch {
+	case n == 0 || f == ownRecords:
+	case f == sharedRecords && last > 0:
+		write(buf[:last])
+		write(buf[last:])
+	default:
+		write(buf)
 	}
 	c.wbuf = buf[:0]
 	if n == 0 {
@@ -626,6 +649,7 @@ func nanotime() int64 { return time.Now().UnixNano() }
 // one write.
 type batchConn struct {
 	net.Conn
+	rc       syscall.RawConn // the socket, when Conn has one: for setQuickAck
 	mu       sync.Mutex
 	batching bool   // guarded by mu
 	buf      []byte // guarded by mu
@@ -645,6 +669,15 @@ func (b *batchConn) Write(p []byte) (int, error) {
 	n, err := b.Conn.Write(p)
 	if err != nil {
 		b.err = err
+	}
+	return n, err
+}
+
+// Read reads from the socket and re-arms quick ACKs (see setQuickAck).
+func (b *batchConn) Read(p []byte) (int, error) {
+	n, err := b.Conn.Read(p)
+	if n > 0 && b.rc != nil {
+		b.rc.Control(setQuickAck)
 	}
 	return n, err
 }

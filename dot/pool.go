@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -339,6 +340,9 @@ func (p *Pool) handshake() (*tls.Conn, *batchConn, error) {
 		return nil, nil, err
 	}
 	bc := &batchConn{Conn: raw}
+	if sc, ok := raw.(syscall.Conn); ok {
+		bc.rc, _ = sc.SyscallConn()
+	}
 	tc := tls.Client(bc, p.tls)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()

@@ -6,21 +6,28 @@ import (
 
 // How queries are framed into TLS records.
 //
-// A burst of queries costs the upstream less in one shared record than in one
-// record each: OpenSSL-based servers such as unbound make two read(2) calls per
-// record. But some servers read only the first query of a record and then wait for
-// the socket to become readable, which it never does for the queries already
-// buffered in their TLS library: dnsdist 1.7 without maxInFlight is one, and
-// systemd-resolved had the same bug as a client. So a pool sends one query per
-// record until a trial has shown that its upstream reads past the first query of
-// a record, and remembers the verdict for learnedTTL.
+// A burst of queries costs the upstream less in shared records than in one record
+// each: OpenSSL-based servers such as unbound make two read(2) calls per record.
+// But a server may read only the first query of a record and then wait for its
+// socket to become readable, which it does not for the queries already in its TLS
+// library's buffer. Two kinds are known:
+//
+//   - a server that reads one record at a time (OpenSSL's default) and waits for
+//     readability between queries (dnsdist 1.7 without maxInFlight, at times).
+//     Shared records end with a record of its own for the last query: it stays
+//     unread on the socket, so the socket stays readable until the queries before
+//     it are served.
+//   - a server that also reads ahead, taking every record off the socket at once
+//     (systemd-resolved had this bug as a client). Nothing keeps it going but more
+//     bytes. The record trial catches it.
 //
 // The trial uses the queries at hand, so it costs no extra query: the first two
 // queries of a batch of three or more go in one record, and nothing more is written
-// on that connection until the second is answered (the server read it: records
-// can be shared) or the first is answered and the second not within a grace (it
-// did not: one query per record). The rest of the batch then goes out, and its
-// bytes wake a server that was waiting, which then reads the held second query.
+// on that connection until the second is answered (the server read past the first
+// query without more bytes coming: records can be shared) or the first is answered
+// and the second not within a grace (one query per record). The rest of the batch
+// then goes out, and its bytes wake a server that was waiting. The verdict is kept
+// for learnedTTL; until there is one, each query has a record of its own.
 
 // packing is what a pool knows about how its upstream reads TLS records.
 type packing int32
@@ -80,7 +87,7 @@ func (c *conn) trial(batch []*call) (int, error) {
 		<-c.trialc // late reports of an earlier trial, which would fill the channel
 	}
 	batch[0].trial, batch[1].trial = true, true // before the CAS that publishes them to the reader
-	n, err := c.writeRecords(batch[:2], true)
+	n, err := c.writeRecords(batch[:2], oneRecord)
 	if err != nil || n < 2 {
 		// An abandoned query left nothing to try with: another batch will.
 		c.pool.endTrial(packUnknown, 0)

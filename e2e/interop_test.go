@@ -10,6 +10,10 @@ import (
 type upstreamKind struct {
 	name  string
 	start func(t testing.TB, c *certs) *dotServer
+	// verdict is what dotforward's record trial must learn of the server: "shared"
+	// (it reads every query of a TLS record), "own" (one query per record), or ""
+	// when it depends on timing.
+	verdict string
 }
 
 // upstreamKinds are the real DoT servers dotforward is proven against: unbound
@@ -20,19 +24,21 @@ type upstreamKind struct {
 var upstreamKinds = []upstreamKind{
 	{"unbound", func(t testing.TB, c *certs) *dotServer {
 		return startUnbound(t, c, unboundOpts{}).dotServer
-	}},
+	}, "shared"},
 	{"dnsdist", func(t testing.TB, c *certs) *dotServer {
 		return startDnsdist(t, c, startUnbound(t, c, unboundOpts{}).plain, dnsdistOpts{})
-	}},
+		// dnsdist 1.7 reads the second query of a record only if it is done with
+		// the first before it goes back to waiting for its socket.
+	}, ""},
 	{"dnsdist-maxInFlight", func(t testing.TB, c *certs) *dotServer {
 		return startDnsdist(t, c, startUnbound(t, c, unboundOpts{}).plain, dnsdistOpts{MaxInFlight: 100})
-	}},
+	}, "shared"},
 	{"kresd", func(t testing.TB, c *certs) *dotServer {
 		return startKresd(t, c, startUnbound(t, c, unboundOpts{}).plain)
-	}},
+	}, "shared"},
 	{"coredns", func(t testing.TB, c *certs) *dotServer {
 		return startCoreDNSUpstream(t, c).dotServer
-	}},
+	}, "shared"},
 }
 
 // Load through dotforward against each real server.
@@ -56,6 +62,7 @@ func TestServersUnderLoad(t *testing.T) {
 			res = runLoad("tcp", f.addr, loadQueries/4, loadWorkers, loadBudget)
 			requireAllAnswered(t, k.name+" over TCP", res, loadQueries/4)
 			requireReuse(t, f, s.addr, loadQueries+loadQueries/4)
+			requireRecordVerdict(t, f, s.addr, k.verdict)
 		})
 	}
 }
@@ -81,8 +88,23 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 	t.Logf("%v requests over %v connections", reqs, dials)
 }
 
+// requireRecordVerdict checks what dotforward's record trial learned of the
+// server (see upstreamKind.verdict).
+func requireRecordVerdict(t *testing.T, f *front, upstream, verdict string) {
+	t.Helper()
+	got, ok := metricSum(scrape(t, f.metrics), "coredns_dotforward_shared_records", label("to", upstream))
+	t.Logf("coredns_dotforward_shared_records = %v (reported: %v)", got, ok)
+	want := map[string]float64{"shared": 1, "own": 0}
+	if w, known := want[verdict]; known && (!ok || got != w) {
+		t.Errorf("coredns_dotforward_shared_records = %v (reported: %v), want %v", got, ok, w)
+	}
+	if !ok {
+		t.Errorf("coredns_dotforward_shared_records not reported after a load: no record trial ran")
+	}
+}
+
 // TestServersBursts sends bursts of concurrent queries into an idle front, the
-// pattern where dotforward coalesces many queries into one TLS record. Every
+// pattern where dotforward coalesces many queries into shared TLS records. Every
 // query must be answered correctly; the slowest answer per burst is logged.
 func TestServersBursts(t *testing.T) {
 	const bursts, size = 5, 20
@@ -90,7 +112,7 @@ func TestServersBursts(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			c := newCerts(t)
 			s := k.start(t, c)
-			f := startFront(t, c, frontOpts{Upstreams: []string{s.addr}})
+			f := startFront(t, c, frontOpts{Upstreams: []string{s.addr}, Prometheus: true})
 			var slowest []time.Duration
 			for b := range bursts {
 				start := time.Now()
@@ -99,6 +121,14 @@ func TestServersBursts(t *testing.T) {
 				slowest = append(slowest, time.Since(start).Round(time.Millisecond))
 			}
 			t.Logf("%s: %d bursts of %d, each burst complete after %v", k.name, bursts, size, slowest)
+			// A query the server left unread would have waited out read_timeout
+			// and been replayed: neither may have happened.
+			text := scrape(t, f.metrics)
+			for _, m := range []string{"coredns_dotforward_timeouts_total", "coredns_dotforward_replays_total"} {
+				if n, _ := metricSum(text, m, label("to", s.addr)); n != 0 {
+					t.Errorf("%s = %v, want 0", m, n)
+				}
+			}
 		})
 	}
 }
