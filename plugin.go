@@ -217,7 +217,12 @@ func retryable(err error) bool {
 // ones. When all are down it returns the one that failed least recently, or
 // ErrNoHealthy with failfast_all_unhealthy_upstreams.
 func (f *DoTForward) candidates() ([]*upstream, error) {
-	ordered := f.policy.List(f.upstreams) // a fresh slice, ours to change
+	// A single upstream needs no copy: forward removing it from the list writes
+	// nothing into the array.
+	ordered := f.upstreams
+	if len(ordered) != 1 {
+		ordered = f.policy.List(f.upstreams) // a fresh slice, ours to change
+	}
 	down := 0
 	for _, u := range ordered {
 		if u.Down() {

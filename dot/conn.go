@@ -53,12 +53,10 @@ func (cl *call) complete(r result) {
 	cl.resp <- r
 }
 
-// result completes a call: an answer, unpacked for the caller (frame is its wire
-// form, without length prefix), or an error.
+// result completes a call: an answer, unpacked for the caller, or an error.
 type result struct {
-	msg   *dns.Msg
-	frame []byte
-	err   error
+	msg *dns.Msg
+	err error
 }
 
 // conn is one TLS connection to the upstream, carrying many queries at once. Its
@@ -315,13 +313,20 @@ func (c *conn) readLoop() {
 }
 
 // readFrames reads length-prefixed answers from r and dispatches each until r fails.
+// The frame buffer is reused: dispatch is done with a frame when it returns (the
+// answer is unpacked on this goroutine, and miekg/dns copies what it keeps).
 func (c *conn) readFrames(r io.Reader) error {
 	var hdr [2]byte
+	var buf []byte
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return err
 		}
-		frame := make([]byte, binary.BigEndian.Uint16(hdr[:]))
+		n := int(binary.BigEndian.Uint16(hdr[:]))
+		if cap(buf) < n {
+			buf = make([]byte, max(n, 1024))
+		}
+		frame := buf[:n]
 		if _, err := io.ReadFull(r, frame); err != nil {
 			return err
 		}
@@ -415,7 +420,7 @@ func (c *conn) deliver(cl *call, frame []byte) {
 	} else if keepalive >= 0 {
 		c.keepalive(keepalive)
 	}
-	cl.complete(result{msg: r, frame: frame, err: err})
+	cl.complete(result{msg: r, err: err})
 	c.lastUsed.Store(c.pool.clock.Load())
 }
 

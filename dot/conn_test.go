@@ -109,7 +109,7 @@ func TestDispatchCompletesEachCallOnce(t *testing.T) {
 	c.readFrames(&in)
 	c.closeFor(errServerClosed, CloseServer)
 
-	if r := <-a.resp; r.err != nil || !answers(r.frame, qa.question) {
+	if r := <-a.resp; r.err != nil || r.msg == nil || r.msg.Id != qa.origID {
 		t.Errorf("Call a got %v, want its answer", r.err)
 	}
 	if r := <-b.resp; r.err == nil {

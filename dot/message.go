@@ -19,6 +19,10 @@ type query struct {
 	origID    uint16
 	opcode    int
 	clientOPT bool // the client sent an OPT RR; if not, the answer's OPT is removed
+
+	// room holds wire when it fits: most queries, padded, are 128 or 256 bytes,
+	// and then the query and its wire take one allocation instead of two.
+	room [2 + 256]byte
 }
 
 // Hop-by-hop EDNS options (RFC 7828, RFC 7830): they describe this TLS connection,
@@ -40,7 +44,7 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 		return nil, errZoneTransfer
 	}
 	q := &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
-	wire, err := packQuery(m)
+	wire, err := packQuery(m, q.room[:])
 	if err != nil {
 		return nil, err
 	}
@@ -67,10 +71,9 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 	return q, nil
 }
 
-// packQuery packs m behind two bytes of room for the length prefix, with spare
-// capacity for the options rewriteOPT appends.
-func packQuery(m *dns.Msg) ([]byte, error) {
-	buf := make([]byte, 2+256) // most queries, padded, are 128 or 256 bytes
+// packQuery packs m into buf behind two bytes of room for the length prefix; the
+// options rewriteOPT appends go in buf's spare room, or past it in a new array.
+func packQuery(m *dns.Msg, buf []byte) ([]byte, error) {
 	msg, err := m.PackBuffer(buf[2:])
 	if err != nil {
 		return nil, wrap(ErrBadQuery, err)
@@ -92,7 +95,7 @@ var errOPTNotLast = errors.New("OPT is not the last record")
 func repackOPTLast(m *dns.Msg, padBlock int, keepalive bool) ([]byte, bool, error) {
 	out := *m
 	out.Extra = optLast(m.Extra)
-	wire, err := packQuery(&out)
+	wire, err := packQuery(&out, make([]byte, 2+256))
 	if err != nil {
 		return nil, false, err
 	}

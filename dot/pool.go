@@ -96,9 +96,11 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 		cl := p.newCall(ctx, q, deadline)
 		c, err := p.acquire(ctx, cl)
 		if err != nil {
+			respChans.Put(cl.resp)
 			return nil, err
 		}
 		res, ok := c.await(ctx.Done(), cl)
+		respChans.Put(cl.resp)
 		if !ok {
 			return nil, ctx.Err()
 		}
@@ -131,10 +133,17 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil
 }
 
+// respChans recycles calls' result channels. A call's channel is idle once acquire
+// failed (nothing was registered) or await returned: by the ownership rule (see
+// conn) the one completion was received then, or will never be sent, because the
+// caller gave the call up while it was live. The call itself cannot be recycled:
+// a tombstone keeps it.
+var respChans = sync.Pool{New: func() any { return make(chan result, 1) }}
+
 // newCall starts an attempt of q: it times out after ReadTimeout, or at the caller's
 // deadline (ctx's or the explicit one) if that comes first.
 func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call {
-	cl := &call{q: q, resp: make(chan result, 1)}
+	cl := &call{q: q, resp: respChans.Get().(chan result)}
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}
