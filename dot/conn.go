@@ -655,6 +655,8 @@ func nanotime() int64 { return time.Now().UnixNano() }
 type batchConn struct {
 	net.Conn
 	rc       syscall.RawConn // the socket, when Conn has one: for setQuickAck
+	flushes  atomic.Uint64   // batches written
+	acked    uint64          // reader only: flushes when quick ACKs were last armed
 	mu       sync.Mutex
 	batching bool   // guarded by mu
 	buf      []byte // guarded by mu
@@ -678,10 +680,14 @@ func (b *batchConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// Read reads from the socket and re-arms quick ACKs (see setQuickAck).
+// Read reads from the socket and re-arms quick ACKs (see setQuickAck) if a batch
+// was written since they were last armed: Linux goes back to delaying ACKs when
+// we send, and stays in quick mode until then, so arming them on every read would
+// be a wasted syscall most of the time.
 func (b *batchConn) Read(p []byte) (int, error) {
 	n, err := b.Conn.Read(p)
-	if n > 0 && b.rc != nil {
+	if f := b.flushes.Load(); n > 0 && b.rc != nil && f != b.acked {
+		b.acked = f
 		b.rc.Control(setQuickAck)
 	}
 	return n, err
@@ -703,6 +709,7 @@ func (b *batchConn) flush() error {
 		if _, err := b.Conn.Write(b.buf); err != nil {
 			b.err = err
 		}
+		b.flushes.Add(1)
 	}
 	b.buf = b.buf[:0]
 	return b.err

@@ -6,8 +6,8 @@ import "syscall"
 // delaying the ACK (up to 40ms on Linux). Servers that leave Nagle's algorithm on
 // for DoT, unbound among them, hold each answer until the previous one is
 // acknowledged: with delayed ACKs the second of two answers written back to back
-// waits for our ACK timer. Linux clears the flag as it sees fit, so it is set
-// again after every read.
+// waits for our ACK timer. Linux goes back to delayed ACKs when we send, so the
+// flag is set again on the first read after each write (see batchConn.Read).
 func setQuickAck(fd uintptr) {
 	syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_QUICKACK, 1)
 }
