@@ -23,6 +23,10 @@ type query struct {
 	// room holds wire when it fits: most queries, padded, are 128 or 256 bytes,
 	// and then the query and its wire take one allocation instead of two.
 	room [2 + 256]byte
+	// first is the query's first attempt, in the same allocation; firstUsed is
+	// only touched by the goroutine running the exchange.
+	first     call
+	firstUsed bool
 }
 
 // Hop-by-hop EDNS options (RFC 7828, RFC 7830): they describe this TLS connection,
@@ -324,16 +328,18 @@ func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 		clientOPT: q.clientOPT,
 		keepalive: -1,
 	}
-	if err := u.sections(r); err != nil {
+	if err := u.sections(r, a.rrs[:0]); err != nil {
 		return nil, -1, wrap(ErrMalformed, err)
 	}
 	return r, u.keepalive, nil
 }
 
-// answerMsg holds an answer and its one question in one allocation.
+// answerMsg holds an answer, its one question and, when they are few, its records
+// in one allocation.
 type answerMsg struct {
 	msg      dns.Msg
 	question [1]dns.Question
+	rrs      [4]dns.RR
 }
 
 // unpacker walks the records of an answer after its question.
@@ -346,15 +352,19 @@ type unpacker struct {
 	keepalive int // the server's keepalive timeout (100ms units), or -1
 }
 
-// sections unpacks the answer, authority and additional sections into r.
-func (u *unpacker) sections(r *dns.Msg) error {
+// sections unpacks the answer, authority and additional sections into r, using
+// room for the records if they fit.
+func (u *unpacker) sections(r *dns.Msg, room []dns.RR) error {
 	var counts [3]int
 	for i := range counts {
 		counts[i] = int(binary.BigEndian.Uint16(u.msg[6+2*i:]))
 	}
 	// The counts come from the upstream: a record takes at least 11 bytes, which
 	// bounds what is allocated for them whatever they claim.
-	rrs := make([]dns.RR, 0, min(counts[0]+counts[1]+counts[2], (len(u.msg)-u.off)/11))
+	rrs := room
+	if n := min(counts[0]+counts[1]+counts[2], (len(u.msg)-u.off)/11); n > cap(room) {
+		rrs = make([]dns.RR, 0, n)
+	}
 	var ends [3]int
 	var opt *dns.OPT
 	for i, count := range counts {

@@ -28,15 +28,16 @@ type Pool struct {
 	tls *tls.Config
 	obs Observer
 
-	conns       atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
-	waiters     atomic.Int32            // callers waiting in acquire for a slot or a connection
-	dialing     atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
-	limit       atomic.Int32            // queries per connection the server allows, learned from its cuts
-	limitUntil  atomic.Int64            // unix ns until which limit holds
-	pack        atomic.Int32            // a packing: how the upstream reads TLS records
-	packUntil   atomic.Int64            // pool clock until which a packShared or packOnePer verdict holds
-	lastVerdict atomic.Int32            // the last verdict reported to the observer
-	clock       atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
+	conns        atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters      atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing      atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
+	limit        atomic.Int32            // queries per connection the server allows, learned from its cuts
+	limitUntil   atomic.Int64            // unix ns until which limit holds
+	pack         atomic.Int32            // a packing: how the upstream reads TLS records
+	packUntil    atomic.Int64            // pool clock until which a packShared or packOnePer verdict holds
+	lastVerdict  atomic.Int32            // the last verdict reported to the observer
+	onePerStreak atomic.Int32            // "one per record" verdicts in a row
+	clock        atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
@@ -143,7 +144,12 @@ var respChans = sync.Pool{New: func() any { return make(chan result, 1) }}
 // newCall starts an attempt of q: it times out after ReadTimeout, or at the caller's
 // deadline (ctx's or the explicit one) if that comes first.
 func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call {
-	cl := &call{q: q, resp: respChans.Get().(chan result)}
+	cl := &q.first
+	if q.firstUsed {
+		cl = new(call) // a move or a replay
+	}
+	q.firstUsed = true
+	cl.q, cl.resp = q, respChans.Get().(chan result)
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}

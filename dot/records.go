@@ -26,8 +26,9 @@ import (
 // on that connection until the second is answered (the server read past the first
 // query without more bytes coming: records can be shared) or the first is answered
 // and the second not within a grace (one query per record). The rest of the batch
-// then goes out, and its bytes wake a server that was waiting. The verdict is kept
-// for learnedTTL; until there is one, each query has a record of its own.
+// then goes out, and its bytes wake a server that was waiting. A "shared" verdict
+// is kept for learnedTTL, a "one per record" one for less (see onePerTTL); until
+// there is one, each query has a record of its own.
 
 // packing is what a pool knows about how its upstream reads TLS records.
 type packing int32
@@ -40,14 +41,19 @@ const (
 )
 
 const (
-	// trialTimeout bounds how long a trial holds a connection's writes when
-	// neither query is answered; the verdict is then one query per record, for
-	// undecidedTTL only.
+	// trialTimeout bounds how long a trial holds a connection's writes.
 	trialTimeout = 250 * time.Millisecond
-	undecidedTTL = 30 * time.Second
 	// minTrialGrace is the least time the second query gets after the first is
-	// answered; it also gets as long as the first took.
-	minTrialGrace = 5 * time.Millisecond
+	// answered; it also gets twice as long as the first took. A busy server may
+	// be slow to come back to the second query, and a wrong "one per record"
+	// costs throughput until the next trial.
+	minTrialGrace = 20 * time.Millisecond
+	// onePerTTL is how long a first "one per record" verdict holds; it doubles
+	// with each one in a row, up to learnedTTL. A late second answer may have
+	// been a busy server rather than one that does not read it: a later trial
+	// can tell, and a server that really does not read it is held up by trials
+	// less and less often.
+	onePerTTL = 30 * time.Second
 )
 
 // packing returns the pool's current verdict; an expired one is packUnknown.
@@ -66,9 +72,16 @@ func (p *Pool) startTrial() bool {
 	return packing(s) != packTrial && p.packing() == packUnknown && p.pack.CompareAndSwap(s, int32(packTrial))
 }
 
-// endTrial records a trial's verdict for ttl, or clears the trial (packUnknown) so
-// that another one runs. A changed verdict is reported to the observer.
-func (p *Pool) endTrial(v packing, ttl time.Duration) {
+// endTrial records a trial's verdict, or clears the trial (packUnknown) so that
+// another one runs. A changed verdict is reported to the observer.
+func (p *Pool) endTrial(v packing) {
+	ttl := learnedTTL
+	switch v {
+	case packShared:
+		p.onePerStreak.Store(0)
+	case packOnePer:
+		ttl = min(onePerTTL<<min(p.onePerStreak.Add(1)-1, 10), learnedTTL)
+	}
 	p.packUntil.Store(p.clock.Load() + int64(ttl))
 	p.pack.Store(int32(v))
 	if v == packUnknown {
@@ -90,38 +103,34 @@ func (c *conn) trial(batch []*call) (int, error) {
 	n, err := c.writeRecords(batch[:2], oneRecord)
 	if err != nil || n < 2 {
 		// An abandoned query left nothing to try with: another batch will.
-		c.pool.endTrial(packUnknown, 0)
+		c.pool.endTrial(packUnknown)
 		return n, err
 	}
-	v, ttl := c.trialVerdict(batch[0], batch[1], time.Now())
-	c.pool.endTrial(v, ttl)
+	c.pool.endTrial(c.trialVerdict(batch[0], batch[1], time.Now()))
 	return n, nil
 }
 
 // trialVerdict waits for the answers to the trial's queries first and second, as
 // the reader reports them on trialc (where a late answer to an earlier trial's
 // query may also turn up).
-func (c *conn) trialVerdict(first, second *call, start time.Time) (packing, time.Duration) {
+func (c *conn) trialVerdict(first, second *call, start time.Time) packing {
 	t := time.NewTimer(trialTimeout)
 	defer t.Stop()
-	firstIn := false
+	firstIn := false // after it, the timer is the second query's grace
 	for {
 		select {
 		case cl := <-c.trialc:
 			if cl == second {
-				return packShared, learnedTTL
+				return packShared
 			}
 			if cl == first && !firstIn {
 				firstIn = true
-				t.Reset(max(minTrialGrace, time.Since(start)))
+				t.Reset(min(max(minTrialGrace, 2*time.Since(start)), trialTimeout))
 			}
 		case <-t.C:
-			if firstIn {
-				return packOnePer, learnedTTL
-			}
-			return packOnePer, undecidedTTL // a slow upstream tells nothing: try again later
+			return packOnePer
 		case <-c.done:
-			return packUnknown, 0
+			return packUnknown
 		}
 	}
 }
