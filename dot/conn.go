@@ -141,14 +141,7 @@ func (c *conn) register(cl *call) bool {
 	c.calls[cl.id] = cl
 	c.load.Store(int32(len(c.calls)))
 	c.accepted++
-	if c.limit > 0 && c.accepted >= c.limit*3/4 {
-		c.nearLimit.Store(true)
-	}
-	if c.limit > 0 && c.accepted >= c.limit {
-		// The server cuts connections after about this many queries: stop here so
-		// that nothing we write is cut off.
-		c.setDrainingLocked(CloseLimit)
-	}
+	c.checkLimitLocked()
 	c.mu.Unlock()
 	c.lastUsed.Store(c.pool.clock.Load())
 	select {
@@ -165,6 +158,30 @@ func (c *conn) register(cl *call) bool {
 		c.removeLocked(cl)
 		return false
 	}
+}
+
+// checkLimitLocked applies the learned query limit to what the connection has
+// accepted. c.mu must be held.
+func (c *conn) checkLimitLocked() {
+	if c.limit > 0 && c.accepted >= c.limit*3/4 {
+		c.nearLimit.Store(true)
+	}
+	if c.limit > 0 && c.accepted >= c.limit && c.draining < 0 {
+		// The server cuts connections after about this many queries: stop here so
+		// that nothing we write is cut off.
+		c.setDrainingLocked(CloseLimit)
+	}
+}
+
+// setLimit applies a newly learned query limit to an open connection.
+func (c *conn) setLimit(limit int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.limit = limit
+	c.checkLimitLocked()
 }
 
 // writeLoop writes queued calls: everything queued while it was busy goes out in
@@ -588,6 +605,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		return
 	}
 	c.closed = true
+	c.pool.closing.Add(1) // before unusable: no dial may start until connClosed has judged this one
 	c.unusable.Store(true)
 	live := make([]*call, 0, len(c.calls))
 	for _, cl := range c.calls {

@@ -31,6 +31,7 @@ type Pool struct {
 	conns        atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
 	waiters      atomic.Int32            // callers waiting in acquire for a slot or a connection
 	dialing      atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
+	closing      atomic.Int32            // connections between closeFor and connClosed
 	limit        atomic.Int32            // queries per connection the server allows, learned from its cuts
 	limitUntil   atomic.Int64            // unix ns until which limit holds
 	pack         atomic.Int32            // a packing: how the upstream reads TLS records
@@ -289,7 +290,9 @@ func (p *Pool) hasUsableLocked() bool {
 // waits for its last answers, so it does not count, lest it hold up all traffic
 // while it waits; at most MaxConns more than the cap may be draining at once.
 func (p *Pool) startDialLocked() bool {
-	if p.closed || p.dialc != nil || time.Now().Before(p.retryAt) {
+	// While a connection is closing, whether it failed (and so arms the backoff)
+	// is not known yet: connClosed wakes the waiters when it is.
+	if p.closed || p.dialc != nil || p.closing.Load() > 0 || time.Now().Before(p.retryAt) {
 		return false
 	}
 	conns, usable := *p.conns.Load(), 0
@@ -394,6 +397,12 @@ func (p *Pool) learnLimit(reason CloseReason, answered, outstanding int) {
 	limit := int32(answered - answered/10) // a margin for servers that count bytes
 	if old := p.learnedLimit(); old == 0 || limit < old {
 		p.limit.Store(limit)
+		// The connections opened with this one are as old and about to be cut
+		// too: they take no more queries than the limit either, so that the
+		// dead connection's replays do not land on them and die again.
+		for _, c := range *p.conns.Load() {
+			c.setLimit(int(limit))
+		}
 	}
 	// Forget it after a while: a cut may have been a one-off (a restart), and a
 	// needlessly low limit costs handshakes.
@@ -423,6 +432,7 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, proven bool) {
 	case reason == CloseStall:
 		failure = ErrStalled
 	}
+	p.closing.Add(-1)
 	p.wakeLocked()
 	p.mu.Unlock()
 	p.obs.Closed(reason)

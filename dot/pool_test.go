@@ -574,22 +574,35 @@ func TestMaxAgeDrainsConnection(t *testing.T) {
 // tight loop: a handshake alone does not reset the backoff.
 func TestHandshakeThenCloseBacksOff(t *testing.T) {
 	s := dottest.Start(t, dottest.Options{CloseAfterHandshake: true})
-	p, _ := newTestPool(t, s, func(c *Config) { c.Backoff = Backoff{Base: 100 * time.Millisecond, Jitter: 0.01} })
+	b := Backoff{Base: 100 * time.Millisecond, Jitter: 0.01}
+	p, _ := newTestPool(t, s, func(c *Config) { c.Backoff = b })
 	var unavailable int
-	for start := time.Now(); time.Since(start) < 500*time.Millisecond; {
+	// Until four handshakes (three backoffs) are in, bounded in count and time;
+	// a query that fails fast in backoff is followed by a millisecond's pause, the
+	// pace at which the test probes the backoff.
+	for i, start := 0, time.Now(); i < 10000 && s.Handshakes() < 4 && time.Since(start) < 10*time.Second; i++ {
 		_, err := exchange(p, "x.example.")
 		switch {
 		case err == nil:
 			t.Fatal("Query succeeded against a server that closes every connection")
 		case errors.Is(err, ErrUnavailable):
 			unavailable++
-		case !errors.Is(err, ErrConnLost):
-			t.Fatalf("Error = %v, want ErrConnLost or ErrUnavailable", err)
+			time.Sleep(time.Millisecond)
+		case !errors.Is(err, ErrConnLost) && !errors.Is(err, ErrTimeout):
+			t.Fatalf("Error = %v, want ErrConnLost, ErrUnavailable or ErrTimeout", err)
 		}
 	}
-	// Backoff 100ms, 160ms, 256ms...: at most 4 dials in 500ms.
-	if h := s.Handshakes(); h > 4 {
-		t.Errorf("Handshakes in 500ms = %d, want <= 4", h)
+	// Each dial waits out the backoff of the failures before it: 100ms, 160ms,
+	// 256ms (±1%). A lower bound, so a slow machine cannot break it.
+	times := s.HandshakeTimes()
+	if len(times) < 3 {
+		t.Fatalf("%d handshakes, want at least 3", len(times))
+	}
+	for i := 1; i < len(times); i++ {
+		least := time.Duration(float64(b.Base) * math.Pow(DefaultBackoffMultiplier, float64(i-1)) * 0.99)
+		if gap := times[i].Sub(times[i-1]); gap < least {
+			t.Errorf("Handshake %d came %v after the one before, want at least the backoff of %v", i+1, gap, least)
+		}
 	}
 	if unavailable == 0 {
 		t.Error("No query failed fast with ErrUnavailable during backoff")

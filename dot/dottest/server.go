@@ -70,10 +70,11 @@ type Server struct {
 
 	queries, answers, handshakes, resumed, conns, maxOutstanding, records atomic.Int64
 
-	mu     sync.Mutex
-	open   map[net.Conn]struct{} // guarded by mu
-	closed bool                  // guarded by mu
-	wg     sync.WaitGroup
+	mu             sync.Mutex
+	open           map[net.Conn]struct{} // guarded by mu
+	handshakeTimes []time.Time           // guarded by mu
+	closed         bool                  // guarded by mu
+	wg             sync.WaitGroup
 }
 
 // Start starts a server for a test and closes it when the test ends.
@@ -131,6 +132,13 @@ func (s *Server) Answers() int64 { return s.answers.Load() }
 
 // Handshakes returns how many TLS handshakes completed.
 func (s *Server) Handshakes() int64 { return s.handshakes.Load() }
+
+// HandshakeTimes returns when each completed TLS handshake completed, in order.
+func (s *Server) HandshakeTimes() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.handshakeTimes...)
+}
 
 // Resumed returns how many completed handshakes resumed a session.
 func (s *Server) Resumed() int64 { return s.resumed.Load() }
@@ -215,6 +223,9 @@ func (s *Server) serve(raw net.Conn) {
 		return
 	}
 	s.handshakes.Add(1)
+	s.mu.Lock()
+	s.handshakeTimes = append(s.handshakeTimes, time.Now())
+	s.mu.Unlock()
 	if tc.ConnectionState().DidResume {
 		s.resumed.Add(1)
 	}
