@@ -302,10 +302,10 @@ func lower(c byte) byte {
 // frame must have passed answers(frame, q.question), and it is edited in place.
 // The sections are unpacked here rather than by dns.Msg.Unpack, with miekg/dns
 // doing each record's rdata: the question is the caller's (already matched on the
-// wire), one allocation holds the message and its question, one the records, an
-// owner name that points at the question reuses the caller's name, and hop-by-hop
-// options are cut on the wire, so that the upstream's padding is never copied.
-// About half the allocations of a full unpack, on every query.
+// wire), one allocation holds the message, its question and up to four records,
+// an owner name that points at the question reuses the caller's name, and
+// hop-by-hop options are cut on the wire, so that the upstream's padding is never
+// copied. About half the allocations of a full unpack, on every query.
 func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 	a := new(answerMsg)
 	r := &a.msg
