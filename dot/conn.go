@@ -668,8 +668,8 @@ func nanotime() int64 { return time.Now().UnixNano() }
 // batchConn sits between a tls.Conn and its socket. While the writer has a batch
 // open, the records TLS writes are gathered and sent with one syscall when the
 // batch is flushed; outside a batch (the handshake, alerts) writes go straight
-// through. So each query travels in its own record, yet a burst of queries costs
-// one write.
+// through. So however a burst of queries is framed into records (see framing), it
+// costs one write.
 type batchConn struct {
 	net.Conn
 	rc       syscall.RawConn // the socket, when Conn has one: for setQuickAck
