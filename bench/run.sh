@@ -17,9 +17,13 @@
 #   BENCH_CHURN_AFTER=100   answers per connection in the churn run
 #   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
 #   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
+#   BENCH_BLACKHOLE_QPS=10000 BENCH_BLACKHOLE_SECONDS=30   the opt-in blackhole phase
 #   BENCH_PORT_BASE=25300   ports BASE+1..BASE+31 on 127.0.0.1
 #   BENCH_COREDNS=./coredns BENCH_RESULTS=bench/results
 # A quick smoke run: BENCH_SECONDS=3 BENCH_ROUNDS=1 BENCH_WARMUP=1 bash bench/run.sh
+# The black hole (make bench-blackhole, BENCH_PHASES=blackhole): dotforward in front of
+# an upstream that completes the TLS handshake and never answers, at a fixed rate;
+# it writes bench/results/blackhole.md and leaves results.md alone.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,6 +41,8 @@ BENCH_PHASES=${BENCH_PHASES:-throughput latency churn profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
 BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
+BENCH_BLACKHOLE_QPS=${BENCH_BLACKHOLE_QPS:-10000}
+BENCH_BLACKHOLE_SECONDS=${BENCH_BLACKHOLE_SECONDS:-30}
 BENCH_NAMES=${BENCH_NAMES:-100000}
 UNBOUND_THREADS=${BENCH_UNBOUND_THREADS:-1}
 BASE=${BENCH_PORT_BASE:-25300}
@@ -346,6 +352,84 @@ phase_profile() {
 	if [ -s "$WORK/profile-dotforward.txt" ]; then cp "$WORK/profile-dotforward.txt" "$WORK/profile.txt"; fi
 }
 
+# phase_blackhole offers BENCH_BLACKHOLE_QPS to dotforward for BENCH_BLACKHOLE_SECONDS
+# with an upstream that never answers (fakedot -drop). dnsperf may keep 60000 queries
+# outstanding and waits 10 s for each, so that CoreDNS's SERVFAILs (after its 5 s
+# timeout, or at once when the pool's waiting room is full) are counted, not lost.
+phase_blackhole() {
+	local secs=$BENCH_BLACKHOLE_SECONDS qps=$BENCH_BLACKHOLE_QPS
+	start_bg fakedot "$WORK/fakedot" -addr "127.0.0.1:$FAKE_PORT" -stats "127.0.0.1:$FAKE_STATS_PORT" \
+		-cert "$WORK/leaf.pem" -key "$WORK/leaf.key" -drop -lifetime 10m
+	FAKE_PID=$BG_PID
+	wait_tcp "$FAKE_PID" fakedot "$FAKE_STATS_PORT" || die "fakedot did not start"
+	UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
+	METRICS_LINE="prometheus 127.0.0.1:$METRICS_PORT"
+	render bench/conf/dotforward.Corefile "$WORK/blackhole.Corefile"
+	FRONT_NAME=coredns-blackhole
+	start_bg "$FRONT_NAME" "$COREDNS" -conf "$WORK/blackhole.Corefile"
+	FRONT_PID=$BG_PID
+	FRONT_QPORT=$FRONT_PORT
+	# Nothing it forwards is answered, so wait for its metrics endpoint instead.
+	wait_tcp "$FRONT_PID" "$FRONT_NAME" "$METRICS_PORT" || die "CoreDNS did not start"
+
+	log "black hole: $qps qps offered for $secs s"
+	local c0 c1 drops i g goroutines=0
+	drops=$(udp_rcvbuf_errors)
+	c0=$(cpu_ticks "$FRONT_PID")
+	timeout $((secs + 60)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "$WORK/queries.txt" \
+		-c "$BENCH_CLIENTS" -q 60000 -Q "$qps" -l "$secs" -t 10 >"$WORK/blackhole.out" 2>&1 &
+	DNSPERF_PID=$!
+	PIDS+=("$DNSPERF_PID")
+	for i in 1 2 3 4 5; do
+		sleep "$(awk -v s="$secs" 'BEGIN { printf "%.3f", s / 5 }')"
+		g=$(metric_sum go_goroutines)
+		[ "$g" -gt "$goroutines" ] && goroutines=$g
+	done
+	dnsperf_wait || die "dnsperf failed in the black hole: $(tail -3 "$WORK/blackhole.out")"
+	c1=$(cpu_ticks "$FRONT_PID")
+	alive "$FRONT_PID" "$FRONT_NAME" || die "CoreDNS died in the black hole"
+	drops=$(($(udp_rcvbuf_errors) - drops))
+	local rss timeouts replays
+	rss=$(rss_peak_kb "$FRONT_PID")
+	timeouts=$(metric_sum coredns_dotforward_timeouts_total)
+	replays=$(metric_sum coredns_dotforward_replays_total)
+	stop_pid "$FRONT_PID"
+	stop_pid "$FAKE_PID"
+	write_blackhole "$qps" "$secs" "$((c1 - c0))" "$rss" "$goroutines" "$drops" "$timeouts" "$replays"
+}
+
+# write_blackhole QPS SECONDS CPU_TICKS RSS_KB GOROUTINES UDP_DROPS TIMEOUTS REPLAYS
+# turns dnsperf's summary of the black-hole run into bench/results/blackhole.md.
+write_blackhole() {
+	local out=$WORK/blackhole.out
+	local sent completed lost servfail latency
+	sent=$(awk '/Queries sent:/ { print $3 }' "$out")
+	completed=$(awk '/Queries completed:/ { print $3 }' "$out")
+	lost=$(awk '/Queries lost:/ { print $3 }' "$out")
+	servfail=$(grep -o 'SERVFAIL [0-9]*' "$out" | awk '{ print $2 }')
+	latency=$(awk '/Average Latency/ { print }' "$out" | sed 's/^ *//')
+	{
+		echo "# dotforward in front of a black hole"
+		echo
+		echo "Generated $(date -u +%Y-%m-%dT%H:%M:%SZ) by \`make bench-blackhole\` (bench/run.sh, phase blackhole) on $(nproc) CPUs."
+		echo "The upstream (bench/cmd/fakedot -drop) completes every TLS handshake and never answers."
+		echo "dnsperf offered $1 queries/s for $2 s (\`-Q $1 -q 60000 -t 10\`) to CoreDNS with *dotforward* (defaults:"
+		echo "\`timeout\` 5s, \`read_timeout\` 2s, 4 connections of 128 queries) and *prometheus*."
+		echo
+		echo "| offered qps | sent | answered | SERVFAIL | lost | UDP drops | CPU µs/query | peak RSS MB | most goroutines | read timeouts | replays |"
+		echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+		awk -v q="$1" -v s="$sent" -v c="$completed" -v f="${servfail:-0}" -v l="$lost" -v d="$6" \
+			-v t="$3" -v k="$CLK_TCK" -v r="$4" -v g="$5" -v to="$7" -v rp="$8" \
+			'BEGIN { printf "| %d | %d | %d | %d | %d | %d | %.1f | %.0f | %d | %d | %d |\n", q, s, c, f, l, d, (c > 0 ? t * 1e6 / k / c : 0), r / 1024, g, to, rp }'
+		echo
+		echo "dnsperf: $latency"
+		echo
+		echo "Lost: no answer within dnsperf's 10 s. UDP drops: datagrams the kernel dropped machine-wide"
+		echo "(RcvbufErrors) during the run, which a lost query may be."
+	} >"$RESULTS/blackhole.md"
+	log "black hole results in $RESULTS/blackhole.md"
+}
+
 phase_micro() {
 	log "Go micro-benchmarks of dot/"
 	if ! timeout 600 go test -run '^$' -bench . -benchmem -timeout 8m ./dot/... >"$WORK/micro.txt" 2>&1; then
@@ -401,10 +485,13 @@ main() {
 	has_phase profile && phase_profile
 	: >>"$WORK/micro.txt"
 	has_phase micro && phase_micro
+	has_phase blackhole && phase_blackhole
 
 	local hits
 	hits=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
 	log "upstream answered $hits queries in all"
+	# A run of the black hole alone measured nothing for results.md: keep the last one.
+	[ -s "$WORK/raw.jsonl" ] || return 0
 	"$WORK/benchtool" report -in "$WORK/raw.jsonl" -out "$RESULTS" -machine "$WORK/machine.env" \
 		-micro "$WORK/micro.txt" -profile "$WORK/profile.txt"
 	cp "$WORK/raw.jsonl" "$RESULTS/raw.jsonl"

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
 )
 
 func main() {
@@ -39,6 +40,7 @@ func run() error {
 	keyFile := flag.String("key", "", "PEM private key of -cert (required)")
 	closeAfter := flag.Int("close-after", 0, "close each connection after this many answers (0: never)")
 	inOrder := flag.Bool("in-order", false, "answer one query at a time per connection, in arrival order")
+	drop := flag.Bool("drop", false, "never answer: read every query and drop it, keeping connections open (a black hole)")
 	lifetime := flag.Duration("lifetime", 15*time.Minute, "exit by itself after this long")
 	flag.Parse()
 
@@ -58,12 +60,16 @@ func run() error {
 		return fmt.Errorf("loading the certificate: %w", err)
 	}
 
-	srv, err := dottest.New(dottest.Options{
+	opts := dottest.Options{
 		Addr:       *addr,
 		Cert:       &dottest.Cert{Leaf: leaf},
 		CloseAfter: *closeAfter,
 		InOrder:    *inOrder,
-	})
+	}
+	if *drop {
+		opts.Drop = func(dns.Question) bool { return true }
+	}
+	srv, err := dottest.New(opts)
 	if err != nil {
 		return err
 	}
@@ -78,7 +84,7 @@ func run() error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go hs.Serve(ln) //nolint:errcheck // Serve returns when Shutdown closes the listener.
 
-	fmt.Printf("fakedot: serving DoT on %s, close-after %d, stats on http://%s/stats\n", srv.Addr, *closeAfter, ln.Addr())
+	fmt.Printf("fakedot: serving DoT on %s, close-after %d, drop %v, stats on http://%s/stats\n", srv.Addr, *closeAfter, *drop, ln.Addr())
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
