@@ -13,13 +13,13 @@ import (
 // library's buffer. Two kinds are known:
 //
 //   - a server that reads one record at a time (OpenSSL's default) and waits for
-//     readability between queries (dnsdist 1.7 without maxInFlight, at times).
-//     Shared records end with a record of its own for the last query: it stays
-//     unread on the socket, so the socket stays readable until the queries before
-//     it are served.
+//     readability between queries (dnsdist 1.7 without maxInFlight, at times;
+//     systemd-resolved had the same bug as a DoT client). Shared records end with
+//     a record of its own for the last query: it stays unread on the socket, so
+//     the socket stays readable until the queries before it are served.
 //   - a server that also reads ahead, taking every record off the socket at once
-//     (systemd-resolved had this bug as a client). Nothing keeps it going but more
-//     bytes. The record trial catches it.
+//     (OpenSSL does with read_ahead set). Nothing keeps it going but more bytes.
+//     The record trial catches it.
 //
 // The trial uses the queries at hand, so it costs no extra query: the first two
 // queries of a batch of three or more go in one record, and nothing more is written
