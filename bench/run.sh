@@ -118,7 +118,7 @@ start_upstream() {
 # start_fake CLOSE_AFTER: fakedot as the upstream for a churn run.
 start_fake() {
 	start_bg fakedot "$WORK/fakedot" -addr "127.0.0.1:$FAKE_PORT" -stats "127.0.0.1:$FAKE_STATS_PORT" \
-		-cert "$WORK/leaf.pem" -key "$WORK/leaf.key" -close-after "$1" -lifetime 10m
+		-cert "$WORK/leaf.pem" -key "$WORK/leaf.key" -close-after "$1" -lifetime 10m "${@:2}"
 	FAKE_PID=$BG_PID
 	wait_tcp "$FAKE_PID" fakedot "$FAKE_STATS_PORT" || die "fakedot did not start"
 }
@@ -136,9 +136,11 @@ metric_sum() {
 		END { printf "%d\n", s }'
 }
 
-# start_front MODE: starts the forwarder under test; sets FRONT_PID, FRONT_NAME, FRONT_QPORT.
+# start_front MODE [metrics]: starts the forwarder under test; sets FRONT_PID,
+# FRONT_NAME, FRONT_QPORT. It waits for an answer, or with "metrics" (an upstream
+# that never answers) for the metrics endpoint.
 start_front() {
-	local mode=$1
+	local mode=$1 ready=${2:-dns}
 	if [ "$mode" = unbound ]; then
 		render bench/conf/forwarder.conf.in "$WORK/forwarder.conf"
 		unbound-checkconf "$WORK/forwarder.conf" >/dev/null || die "unbound-checkconf rejected $WORK/forwarder.conf"
@@ -152,6 +154,10 @@ start_front() {
 		FRONT_QPORT=$FRONT_PORT
 	fi
 	FRONT_PID=$BG_PID
+	if [ "$ready" = metrics ]; then
+		wait_tcp "$FRONT_PID" "$FRONT_NAME" "$METRICS_PORT" || die "$mode did not start"
+		return
+	fi
 	wait_dns "$FRONT_PID" "$FRONT_NAME" "$FRONT_QPORT" || die "$mode did not answer"
 }
 
@@ -358,28 +364,17 @@ phase_profile() {
 # timeout, or at once when the pool's waiting room is full) are counted, not lost.
 phase_blackhole() {
 	local secs=$BENCH_BLACKHOLE_SECONDS qps=$BENCH_BLACKHOLE_QPS
-	start_bg fakedot "$WORK/fakedot" -addr "127.0.0.1:$FAKE_PORT" -stats "127.0.0.1:$FAKE_STATS_PORT" \
-		-cert "$WORK/leaf.pem" -key "$WORK/leaf.key" -drop -lifetime 10m
-	FAKE_PID=$BG_PID
-	wait_tcp "$FAKE_PID" fakedot "$FAKE_STATS_PORT" || die "fakedot did not start"
+	start_fake 0 -drop
 	UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
 	METRICS_LINE="prometheus 127.0.0.1:$METRICS_PORT"
-	render bench/conf/dotforward.Corefile "$WORK/blackhole.Corefile"
-	FRONT_NAME=coredns-blackhole
-	start_bg "$FRONT_NAME" "$COREDNS" -conf "$WORK/blackhole.Corefile"
-	FRONT_PID=$BG_PID
-	FRONT_QPORT=$FRONT_PORT
-	# Nothing it forwards is answered, so wait for its metrics endpoint instead.
-	wait_tcp "$FRONT_PID" "$FRONT_NAME" "$METRICS_PORT" || die "CoreDNS did not start"
+	start_front dotforward metrics
 
 	log "black hole: $qps qps offered for $secs s"
 	local c0 c1 drops i g goroutines=0
 	drops=$(udp_rcvbuf_errors)
 	c0=$(cpu_ticks "$FRONT_PID")
-	timeout $((secs + 60)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "$WORK/queries.txt" \
-		-c "$BENCH_CLIENTS" -q 60000 -Q "$qps" -l "$secs" -t 10 >"$WORK/blackhole.out" 2>&1 &
-	DNSPERF_PID=$!
-	PIDS+=("$DNSPERF_PID")
+	# dnsperf takes the last of repeated options: these -q and -t win over dnsperf_run's.
+	dnsperf_run "$WORK/blackhole.out" "$secs" -q 60000 -Q "$qps" -t 10
 	for i in 1 2 3 4 5; do
 		sleep "$(awk -v s="$secs" 'BEGIN { printf "%.3f", s / 5 }')"
 		g=$(metric_sum go_goroutines)
@@ -387,7 +382,7 @@ phase_blackhole() {
 	done
 	dnsperf_wait || die "dnsperf failed in the black hole: $(tail -3 "$WORK/blackhole.out")"
 	c1=$(cpu_ticks "$FRONT_PID")
-	alive "$FRONT_PID" "$FRONT_NAME" || die "CoreDNS died in the black hole"
+	alive "$FRONT_PID" "$FRONT_NAME" || die "dotforward died in the black hole"
 	drops=$(($(udp_rcvbuf_errors) - drops))
 	local rss timeouts replays
 	rss=$(rss_peak_kb "$FRONT_PID")
