@@ -313,6 +313,10 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 	if werr != nil {
 		err = werr
 	}
+	// The deadline bounds this flush only. Left armed, it would fail the next
+	// write that crypto/tls makes on its own after an idle spell (the reply to a
+	// TLS 1.3 KeyUpdate, made by the reader) and kill a healthy connection.
+	c.tc.SetWriteDeadline(time.Time{})
 	now := nanotime()
 	for _, cl := range batch[:n] {
 		cl.readsAt.Store(reads)
@@ -493,7 +497,7 @@ func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 func (c *conn) sweep(now int64) {
 	cfg := &c.pool.cfg
 	var expired []*call
-	var oldest *call // the outstanding written query sent first
+	var oldest, next *call // the two outstanding written queries sent first
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -508,17 +512,19 @@ func (c *conn) sweep(now int64) {
 			c.giveUpLocked(cl, now)
 			expired = append(expired, cl)
 		}
-		if s := cl.sentAt.Load(); s != 0 && (oldest == nil || s < oldest.sentAt.Load()) {
-			oldest = cl
-		}
+		oldest, next = earliest(oldest, next, cl)
 	}
 	if cfg.MaxAge > 0 && c.draining < 0 && now-c.born > int64(cfg.MaxAge) {
 		c.setDrainingLocked(CloseMaxAge)
 	}
-	// Stalled: the oldest outstanding query is older than the stall timeout and not
-	// a single frame was read since it was written. A slow answer on a connection
-	// that is still answering others is not a stall.
-	stalled := oldest != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) && c.reads.Load() == oldest.readsAt.Load()
+	// Stalled: the oldest outstanding query is older than the stall timeout, not a
+	// single frame was read since it was written, and a later query has gone
+	// unanswered for a while too. A slow answer on a connection that is still
+	// answering others is not a stall, and neither is one unanswered query on an
+	// otherwise idle connection: a server may drop a query or take long over it,
+	// and only a second query tells a dead connection from that.
+	stalled := next != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) &&
+		now-next.sentAt.Load() > int64(drainQuiet(cfg)) && c.reads.Load() == oldest.readsAt.Load()
 	if r := c.reads.Load(); r != c.sweepReads || c.quietSince == 0 {
 		c.sweepReads, c.quietSince = r, now
 	}
@@ -548,6 +554,21 @@ func (c *conn) sweep(now int64) {
 	if len(expired) > 0 {
 		c.pool.slotFreed()
 	}
+}
+
+// earliest returns the two written calls sent first among oldest, next (already
+// in order, either may be nil) and cl.
+func earliest(oldest, next, cl *call) (*call, *call) {
+	s := cl.sentAt.Load()
+	switch {
+	case s == 0:
+		return oldest, next
+	case oldest == nil || s < oldest.sentAt.Load():
+		return cl, oldest
+	case next == nil || s < next.sentAt.Load():
+		return oldest, cl
+	}
+	return oldest, next
 }
 
 var (
@@ -617,11 +638,15 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.tombs = 0
 	c.load.Store(0)
 	answered, draining := c.answered, c.draining
+	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born)}
 	c.mu.Unlock()
 
 	close(c.done)
-	// Wake the reader, which closes the socket on its way out.
+	// Wake the reader, which closes the socket on its way out, and fail any write
+	// blocked on a peer that does not read (the writer's, or crypto/tls's own reply
+	// to a post-handshake message, which the reader makes).
 	c.tc.SetReadDeadline(time.Unix(1, 0))
+	c.tc.SetWriteDeadline(time.Unix(1, 0))
 	// The pool forgets the connection, learns from its end and arms its backoff
 	// before the queries move on, so that where they go reflects all of that.
 	if draining < 0 {
@@ -629,7 +654,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		// server's limit: one that ends while draining was stopped by us first.
 		c.pool.learnLimit(reason, answered, len(live))
 	}
-	c.pool.connClosed(c, reason, answered > 0)
+	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0}
 	for _, cl := range live {
 		if cl.state.CompareAndSwap(callQueued, callAbandoned) {

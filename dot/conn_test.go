@@ -2,11 +2,17 @@ package dot
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"net"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/dotforward/dotforward/dot/dottest"
 	"github.com/miekg/dns"
 )
 
@@ -123,5 +129,166 @@ func TestDispatchCompletesEachCallOnce(t *testing.T) {
 	rec := c.pool.obs.(*recorder)
 	if rec.drops[DropUnknownID] != 1 || rec.drops[DropWrongQuestion] != 1 || rec.drops[DropMalformed] != 1 {
 		t.Errorf("Drops = %v, want one unknown ID, one wrong question, one malformed", rec.drops)
+	}
+}
+
+// A connection dialled ahead of need and closed by the server before it carried
+// a query was closed for idleness: no failure, no backoff, and the next query
+// dials at once.
+func TestUnusedConnectionClosedByServerIsNoFailure(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{})
+	p, rec := newTestPool(t, s, func(c *Config) { c.Backoff = Backoff{Base: time.Hour} })
+	p.mu.Lock()
+	p.startDialLocked()
+	p.mu.Unlock()
+	waitFor(t, "the connection", func() bool { return p.Stats().Conns == 1 && s.Conns() == 1 })
+	c := (*p.conns.Load())[0]
+	c.mu.Lock()
+	c.born -= int64(minIdleLife) // as old as an idle timeout can be
+	c.mu.Unlock()
+	s.CloseConns()
+	waitFor(t, "the server's close", func() bool { return rec.get(func(r *recorder) int { return r.closes[CloseServer] }) == 1 })
+	if f := rec.get(func(r *recorder) int { return r.failures }); f != 0 {
+		t.Errorf("Failures = %d, want 0: the connection carried no query", f)
+	}
+	if _, err := exchange(p, "next.example."); err != nil {
+		t.Errorf("Query after the idle close: %v, want an answer on a new connection", err)
+	}
+}
+
+func TestConnLifeFailed(t *testing.T) {
+	tests := []struct {
+		life   connLife
+		reason CloseReason
+		want   bool
+	}{
+		{connLife{accepted: 1}, CloseServer, true}, // carried a query, died before answering
+		{connLife{accepted: 1}, CloseStall, true},  //
+		{connLife{accepted: 1, answered: 1}, CloseServer, false},
+		{connLife{age: time.Millisecond}, CloseServer, true}, // hung up right after the handshake
+		{connLife{age: time.Minute}, CloseServer, false},     // the server's idle timeout
+		{connLife{age: time.Minute}, CloseError, false},
+		{connLife{accepted: 1}, CloseIdle, false},
+		{connLife{accepted: 1}, ClosePool, false},
+		{connLife{accepted: 1}, CloseMaxAge, false},
+	}
+	for _, tc := range tests {
+		if got := tc.life.failed(tc.reason); got != tc.want {
+			t.Errorf("%+v closed for %v: failed = %v, want %v", tc.life, tc.reason, got, tc.want)
+		}
+	}
+}
+
+// deadlineConn records the write deadlines set on it.
+type deadlineConn struct {
+	net.Conn
+	mu   sync.Mutex
+	last time.Time // guarded by mu
+	sets int       // guarded by mu
+}
+
+func (d *deadlineConn) SetWriteDeadline(t time.Time) error {
+	d.mu.Lock()
+	d.last, d.sets = t, d.sets+1
+	d.mu.Unlock()
+	return d.Conn.SetWriteDeadline(t)
+}
+
+// The write timeout bounds our flushes only: after one, no deadline is left armed
+// to fail the writes crypto/tls makes by itself after an idle spell (the reply to
+// a KeyUpdate).
+func TestWriteDeadlineClearedAfterFlush(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{})
+	var dc *deadlineConn
+	p, _ := newTestPool(t, s, func(c *Config) {
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			raw, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			dc = &deadlineConn{Conn: raw}
+			return dc, nil
+		}
+	})
+	if _, err := exchange(p, "a.example."); err != nil {
+		t.Fatal(err)
+	}
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	if dc.sets == 0 {
+		t.Fatal("No write deadline was ever set: the flush is unbounded")
+	}
+	if !dc.last.IsZero() {
+		t.Errorf("Write deadline left at %v after the flush, want none", dc.last)
+	}
+}
+
+// Closing the pool while a dial is in flight is not a failure of the upstream.
+func TestCloseDuringDialIsNoFailure(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() { // accepts and never answers the handshake
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	rec := newRecorder()
+	p, err := New(Config{Addr: ln.Addr().String(), TLS: &tls.Config{ServerName: "x.test"}, Observer: rec, DialTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go exchange(p, "a.example.")
+	c := <-accepted
+	defer c.Close()
+	p.Close()
+	checkNoPoolGoroutines(t)
+	if f, d := rec.get(func(r *recorder) int { return r.failures }), rec.get(func(r *recorder) int { return r.dialErrs }); f != 0 || d != 0 {
+		t.Errorf("Failures = %d, dial errors = %d after Close cut a dial short, want 0 and 0", f, d)
+	}
+}
+
+// One unanswered query on an otherwise idle connection is not a stall: the server
+// may have dropped it. It times out; the connection stays and is no failure.
+func TestOneUnansweredQueryIsNoStall(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Drop: func(q dns.Question) bool { return q.Name == "void.example." }})
+	p, rec := newTestPool(t, s, func(c *Config) {
+		c.StallTimeout = 20 * time.Millisecond
+		c.ReadTimeout = 200 * time.Millisecond
+	})
+	if _, err := exchange(p, "first.example."); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exchange(p, "void.example."); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("Dropped query: error = %v, want ErrTimeout", err)
+	}
+	if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 0 {
+		t.Errorf("Stall closes = %d, want 0", got)
+	}
+	if f := rec.get(func(r *recorder) int { return r.failures }); f != 0 {
+		t.Errorf("Failures = %d, want 0", f)
+	}
+	if _, err := exchange(p, "after.example."); err != nil {
+		t.Fatal(err)
+	}
+	if h := s.Handshakes(); h != 1 {
+		t.Errorf("Handshakes = %d, want 1: the connection must survive", h)
+	}
+}
+
+// An upstream that does not serve ALPN "dot" is named as the cause.
+func TestALPNRefusalIsExplained(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{TLS: func(c *tls.Config) { c.NextProtos = []string{"h2"} }})
+	p, _ := newTestPool(t, s, nil)
+	_, err := exchange(p, "a.example.")
+	if !errors.Is(err, ErrDial) || !isAlert(err, alertNoApplicationProtocol) {
+		t.Fatalf("Error = %v, want ErrDial wrapping the no_application_protocol alert", err)
+	}
+	if !strings.Contains(err.Error(), `refused ALPN "dot"`) {
+		t.Errorf("Error = %q, want it to say the upstream refused ALPN \"dot\"", err)
 	}
 }

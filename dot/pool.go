@@ -13,6 +13,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -324,10 +326,12 @@ func (p *Pool) dial() {
 	start := time.Now()
 	tc, bc, err := p.handshake()
 	resumed := err == nil && tc.ConnectionState().DidResume
-	p.obs.Dialed(time.Since(start), resumed, err)
+	if err == nil || p.ctx.Err() == nil { // a dial cut short by Close is not reported
+		p.obs.Dialed(time.Since(start), resumed, err)
+	}
 
 	if err != nil {
-		err = fmt.Errorf("%w: %w", ErrDial, err)
+		err = dialError(err)
 	}
 	p.mu.Lock()
 	close(p.dialc)
@@ -335,6 +339,10 @@ func (p *Pool) dial() {
 	p.dialing.Store(false)
 	p.wakeLocked()
 	switch {
+	case err != nil && p.closed:
+		// Close cancelled the dial: that says nothing about the upstream.
+		p.mu.Unlock()
+		return
 	case err != nil:
 		p.failedLocked(err)
 		p.mu.Unlock()
@@ -354,6 +362,31 @@ func (p *Pool) dial() {
 	p.wg.Add(2)
 	go c.readLoop()
 	go c.writeLoop()
+}
+
+// dialError wraps a failed dial's error in ErrDial, with a hint when the server's
+// alert says what is wrong in terms an operator may not recognise.
+func dialError(err error) error {
+	if isAlert(err, alertNoApplicationProtocol) {
+		return fmt.Errorf("%w: %w: the upstream refused ALPN \"dot\": it does not serve DNS-over-TLS on this port", ErrDial, err)
+	}
+	return fmt.Errorf("%w: %w", ErrDial, err)
+}
+
+// alertNoApplicationProtocol is TLS alert 120 (RFC 7301): no protocol offered in
+// ALPN is one the server serves.
+const alertNoApplicationProtocol = 120
+
+// isAlert reports whether err is the TLS alert code received from the server.
+// crypto/tls reports a received alert as a net.OpError "remote error" around a
+// value of its unexported alert type (a uint8), so the code is read by kind.
+func isAlert(err error, code uint64) bool {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "remote error" || op.Err == nil {
+		return false
+	}
+	v := reflect.ValueOf(op.Err)
+	return v.Kind() == reflect.Uint8 && v.Uint() == code
 }
 
 func (p *Pool) handshake() (*tls.Conn, *batchConn, error) {
@@ -415,9 +448,33 @@ func (p *Pool) learnLimit(reason CloseReason, answered, outstanding int) {
 	p.limitUntil.Store(nanotime() + int64(learnedTTL))
 }
 
+// connLife is what a closed connection did: what connClosed judges it by.
+type connLife struct {
+	answered int           // answers delivered
+	accepted int           // queries registered
+	age      time.Duration // from handshake to close
+}
+
+// failed reports whether a connection that ended for reason counts as a failure of
+// the upstream: one that died before its first answer while it carried a query,
+// or that the server closed so soon after the handshake that it cannot have been
+// its idle timeout (a server that accepts TLS and hangs up). An unused connection
+// the server closed later was closed for idleness: servers' idle timeouts (dnsdist,
+// unbound under load) can be shorter than ours.
+func (l connLife) failed(reason CloseReason) bool {
+	if l.answered > 0 || (reason != CloseServer && reason != CloseError && reason != CloseStall) {
+		return false
+	}
+	return l.accepted > 0 || l.age < minIdleLife
+}
+
+// minIdleLife is the least age at which a server's close of a connection that
+// carried no query is taken for its idle timeout rather than a refusal.
+const minIdleLife = time.Second
+
 // connClosed removes c from the pool. A connection that failed before its first
-// answer counts as a failure of the upstream.
-func (p *Pool) connClosed(c *conn, reason CloseReason, proven bool) {
+// answer counts as a failure of the upstream (see connLife.failed).
+func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 	p.mu.Lock()
 	conns := *p.conns.Load()
 	next := make([]*conn, 0, len(conns))
@@ -432,7 +489,7 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, proven bool) {
 	// delay the redial its queries' replay needs.
 	var failure error
 	switch {
-	case !proven && (reason == CloseServer || reason == CloseError || reason == CloseStall):
+	case life.failed(reason):
 		failure = fmt.Errorf("%w before its first answer (%s)", ErrConnLost, reason)
 		p.failedLocked(failure)
 	case reason == CloseStall:

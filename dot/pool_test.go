@@ -339,21 +339,31 @@ func TestUnwrittenQueriesMoveAtNoCost(t *testing.T) {
 }
 
 func TestStalledConnectionIsReplaced(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{SilentAfter: 1})
+	var seen sync.Map // names the server has received: it drops each the first time
+	s := dottest.Start(t, dottest.Options{Drop: func(q dns.Question) bool {
+		_, again := seen.LoadOrStore(q.Name, true)
+		return !again && q.Name != "first.example."
+	}})
 	p, rec := newTestPool(t, s, func(c *Config) { c.StallTimeout = 100 * time.Millisecond })
 	if _, err := exchange(p, "first.example."); err != nil {
 		t.Fatal(err)
 	}
-	// The connection answers nothing more: the stall detector must close it and the
-	// query must be replayed on a fresh connection, which answers its first query.
-	if _, err := exchange(p, "second.example."); err != nil {
-		t.Fatalf("Query after stall: %v", err)
+	// The connection answers neither of the next two queries: the stall detector
+	// must close it and both must be replayed on a fresh connection.
+	var wg sync.WaitGroup
+	for _, name := range []string{"second.example.", "third.example."} {
+		wg.Go(func() {
+			if _, err := exchange(p, name); err != nil {
+				t.Errorf("%s after stall: %v", name, err)
+			}
+		})
 	}
+	wg.Wait()
 	if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 1 {
 		t.Errorf("Stall closes = %d, want 1", got)
 	}
-	if got := rec.get(func(r *recorder) int { return r.replays }); got != 1 {
-		t.Errorf("Replays = %d, want 1", got)
+	if got := rec.get(func(r *recorder) int { return r.replays }); got != 2 {
+		t.Errorf("Replays = %d, want 2", got)
 	}
 }
 
