@@ -39,3 +39,19 @@ func (b Backoff) Delay(failures int) time.Duration {
 	d *= 1 + b.Jitter*(2*rand.Float64()-1)
 	return time.Duration(d)
 }
+
+// redial is the reconnect backoff's state: failed dials and connections in a row
+// (strikes), and when the next dial may start. A connection's first answer resets
+// it, a handshake alone does not.
+type redial struct {
+	strikes int       // failures in a row since a new connection last answered
+	after   time.Time // no dial before this
+	cause   error     // the last failure, for ErrUnavailable's message
+}
+
+// strike records a failed dial or connection and arms the backoff.
+func (r *redial) strike(err error, b Backoff) {
+	r.strikes++
+	r.cause = err
+	r.after = time.Now().Add(b.Delay(r.strikes))
+}

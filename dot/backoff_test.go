@@ -42,9 +42,9 @@ func TestBackoffResetsOnAnswer(t *testing.T) {
 	p, rec := newTestPool(t, s, func(c *Config) { c.Addr = addr; c.Backoff = Backoff{Base: time.Millisecond, Max: time.Millisecond} })
 	for range 3 {
 		exchange(p, "a.example.")
-		waitFor(t, "the backoff to pass", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return time.Now().After(p.retryAt) })
+		waitFor(t, "the backoff to pass", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return time.Now().After(p.redial.after) })
 	}
-	if f := p.Stats().Fails; f < 2 {
+	if f := p.Stats().Strikes; f < 2 {
 		t.Fatalf("Fails = %d after failed dials, want >= 2", f)
 	}
 	again, err := dottest.New(dottest.Options{Addr: addr, Cert: s.Cert})
@@ -55,7 +55,7 @@ func TestBackoffResetsOnAnswer(t *testing.T) {
 	if _, err := exchange(p, "b.example."); err != nil {
 		t.Fatal(err)
 	}
-	if f := p.Stats().Fails; f != 0 {
+	if f := p.Stats().Strikes; f != 0 {
 		t.Errorf("Fails = %d after an answer, want 0", f)
 	}
 	if f := rec.get(func(r *recorder) int { return r.failures }); f < 2 {

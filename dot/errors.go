@@ -1,6 +1,9 @@
 package dot
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors returned by Pool.Exchange. Callers test them with errors.Is; the
 // returned error may wrap a lower-level cause (a TLS or network error) as well.
@@ -39,3 +42,13 @@ var errSaturated = errors.New("every connection full and too many callers waitin
 // errUnsent reports that a query's connection died before the query was handed to
 // TLS; the caller moves it to another connection without counting an attempt.
 var errUnsent = errors.New("dot: connection closed before query was written")
+
+// connLostError is returned for a written query whose connection died.
+type connLostError struct {
+	cause      error
+	replayable bool // the connection had answered before: a replay has a chance
+}
+
+func (e *connLostError) Error() string { return fmt.Sprintf("%v: %v", ErrConnLost, e.cause) }
+
+func (e *connLostError) Unwrap() []error { return []error{ErrConnLost, e.cause} }

@@ -1,11 +1,3 @@
-// Package dot exchanges DNS messages with one DNS-over-TLS upstream (RFC 7858) over a
-// small pool of long-lived, pipelined TLS connections.
-//
-// Each connection carries up to MaxInflight queries at once; answers may come back
-// in any order and are matched by a connection-local message ID and the question.
-// A query whose connection dies before it was written moves to another connection;
-// one that was written is replayed once (RFC 7766 §6.2.4). The package knows nothing
-// of CoreDNS: it takes and returns *dns.Msg.
 package dot
 
 import (
@@ -19,8 +11,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/miekg/dns"
 )
 
 // Pool is a set of pipelined TLS connections to one upstream. It is safe for
@@ -30,36 +20,29 @@ type Pool struct {
 	tls *tls.Config
 	obs Observer
 
-	conns        atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
-	waiters      atomic.Int32            // callers waiting in acquire for a slot or a connection
-	dialing      atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
-	closing      atomic.Int32            // connections between closeFor and connClosed
-	limit        atomic.Int32            // queries per connection the server allows, learned from its cuts
-	limitUntil   atomic.Int64            // unix ns until which limit holds
-	pack         atomic.Int32            // a packing: how the upstream reads TLS records
-	packUntil    atomic.Int64            // pool clock until which a packShared or packOnePer verdict holds
-	lastVerdict  atomic.Int32            // the last verdict reported to the observer
-	onePerStreak atomic.Int32            // "one per record" verdicts in a row
-	clock        atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
+	conns   atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
+	closing atomic.Int32            // connections between closeFor and connClosed
+	learned learned                 // what the pool learned of its upstream: query limit, record verdict
+	clock   atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // connection goroutines, dials and the sweeper
 
-	mu      sync.Mutex
-	dialc   chan struct{} // guarded by mu: non-nil while the single dial is in flight
-	wake    chan struct{} // guarded by mu: closed and replaced when a slot or a connection may be free
-	fails   int           // guarded by mu: consecutive failures since the last answer on a new connection
-	retryAt time.Time     // guarded by mu: no dial before this (backoff)
-	lastErr error         // guarded by mu: the last dial or connection failure
-	closed  bool          // guarded by mu
+	mu     sync.Mutex
+	dialc  chan struct{} // guarded by mu: non-nil while the single dial is in flight
+	wake   chan struct{} // guarded by mu: closed and replaced when a slot or a connection may be free
+	redial redial        // guarded by mu: the reconnect backoff
+	closed bool          // guarded by mu
 }
 
 // Stats is a snapshot of a pool's state.
 type Stats struct {
 	Conns    int // open connections
 	Inflight int // queries outstanding (tombstones included)
-	Fails    int // consecutive failures; 0 once a new connection answered
+	Strikes  int // failed dials and connections in a row; 0 once a new connection answered
 }
 
 // New returns a pool for the upstream described by cfg. It dials lazily: the first
@@ -80,89 +63,6 @@ func New(cfg Config) (*Pool, error) {
 
 // Addr returns the upstream's address.
 func (p *Pool) Addr() string { return p.cfg.Addr }
-
-// Exchange sends m upstream and returns the answer with m's ID and question case.
-// m is not modified. The attempt is bounded by ReadTimeout and by ctx.
-func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
-	return p.ExchangeDeadline(ctx, m, time.Time{})
-}
-
-// ExchangeDeadline is Exchange with a deadline of the caller's besides ctx's (zero:
-// none), so that a caller does not have to allocate a context and a timer per
-// query. Reaching it fails with an error that wraps context.DeadlineExceeded.
-func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
-	q, err := prepareQuery(m, p.cfg.PadBlock, !p.cfg.NoKeepalive)
-	if err != nil {
-		return nil, err
-	}
-	replayed := false
-	for moves := 0; ; {
-		cl := p.newCall(ctx, q, deadline)
-		c, err := p.acquire(ctx, cl)
-		if err != nil {
-			respChans.Put(cl.resp)
-			return nil, err
-		}
-		res, ok := c.await(ctx.Done(), cl)
-		respChans.Put(cl.resp)
-		if !ok {
-			return nil, ctx.Err()
-		}
-		if res.err == nil || errors.Is(res.err, ErrMalformed) {
-			return res.msg, res.err
-		}
-		switch {
-		case errors.Is(res.err, ErrTimeout) && cl.callerDeadline:
-			// The caller's own deadline: say so, so it is not taken for a slow upstream.
-			return nil, wrap(res.err, context.DeadlineExceeded)
-		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
-			moves++ // never written: another connection, at no cost
-		case !replayed && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
-			replayed = true
-			p.obs.Replayed()
-		case errors.Is(res.err, errUnsent):
-			return nil, wrap(ErrConnLost, res.err)
-		default:
-			return nil, res.err
-		}
-	}
-}
-
-// replayable reports whether a query whose written attempt failed may be sent again:
-// only a plain QUERY (idempotent), only if its connection had answered before (a
-// connection that never answered tells nothing good about the next one), and only if
-// the caller still has time.
-func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
-	var lost *connLostError
-	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil
-}
-
-// respChans recycles calls' result channels. A call's channel is idle once acquire
-// failed (nothing was registered) or await returned: by the ownership rule (see
-// conn) the one completion was received then, or will never be sent, because the
-// caller gave the call up while it was live. The call itself cannot be recycled:
-// a tombstone keeps it.
-var respChans = sync.Pool{New: func() any { return make(chan result, 1) }}
-
-// newCall starts an attempt of q: it times out after ReadTimeout, or at the caller's
-// deadline (ctx's or the explicit one) if that comes first.
-func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call {
-	cl := &q.first
-	if q.firstUsed {
-		cl = new(call) // a move or a replay
-	}
-	q.firstUsed = true
-	cl.q, cl.resp = q, respChans.Get().(chan result)
-	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
-	}
-	at := time.Now().Add(p.cfg.ReadTimeout)
-	if !deadline.IsZero() && deadline.Before(at) {
-		at, cl.callerDeadline = deadline, true
-	}
-	cl.deadline = at.UnixNano()
-	return cl
-}
 
 // acquire registers cl on a usable connection (see pick), dialing one when all
 // are busy and the pool has room, and waiting (bounded by ctx and cl's deadline)
@@ -219,8 +119,8 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 // the batches of queries and answers large: each costs one syscall, and a TLS
 // record read, at each end, whatever its size.
 func (p *Pool) pick(cl *call) *conn {
-	limit := int32(p.cfg.MaxInflight)
-	for range 3 { // a lost race for the last slot is retried on a fresh snapshot
+	slots := int32(p.cfg.MaxInflight) // per connection
+	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
 		conns := *p.conns.Load()
 		var best *conn
 		var load int32
@@ -230,7 +130,7 @@ func (p *Pool) pick(cl *call) *conn {
 				continue
 			}
 			usable++
-			if l := c.load.Load(); best == nil && l < limit {
+			if l := c.load.Load(); best == nil && l < slots {
 				best, load = c, l
 			}
 		}
@@ -238,7 +138,7 @@ func (p *Pool) pick(cl *call) *conn {
 			return nil
 		}
 		if best.register(cl) {
-			busy := load+1 >= limit*3/4 || best.nearLimit.Load()
+			busy := load+1 >= slots*3/4 || best.nearQueryLimit.Load()
 			if busy && usable < p.cfg.MaxConns && !p.dialing.Load() {
 				p.mu.Lock()
 				p.startDialLocked()
@@ -263,9 +163,9 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 	if !p.hasRoomLocked() {
 		p.startDialLocked()
 	}
-	if p.dialc == nil && !p.hasUsableLocked() && time.Now().Before(p.retryAt) {
-		if p.lastErr != nil {
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.lastErr)
+	if p.dialc == nil && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {
+		if p.redial.cause != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.redial.cause)
 		}
 		return nil, ErrUnavailable
 	}
@@ -300,7 +200,7 @@ func (p *Pool) hasUsableLocked() bool {
 func (p *Pool) startDialLocked() bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
-	if p.closed || p.dialc != nil || p.closing.Load() > 0 || time.Now().Before(p.retryAt) {
+	if p.closed || p.dialc != nil || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
 		return false
 	}
 	conns, usable := *p.conns.Load(), 0
@@ -344,7 +244,7 @@ func (p *Pool) dial() {
 		p.mu.Unlock()
 		return
 	case err != nil:
-		p.failedLocked(err)
+		p.redial.strike(err, p.cfg.Backoff)
 		p.mu.Unlock()
 		p.obs.Failed(err)
 		return
@@ -408,44 +308,13 @@ func (p *Pool) handshake() (*tls.Conn, *batchConn, error) {
 	return tc, bc, nil
 }
 
-// failedLocked records a dial or connection failure and arms the backoff.
-func (p *Pool) failedLocked(err error) {
-	p.fails++
-	p.lastErr = err
-	p.retryAt = time.Now().Add(p.cfg.Backoff.Delay(p.fails))
-}
-
 // answered is called on the first answer of each connection: the upstream works, so
 // the backoff resets. A handshake alone does not reset it, so a server that accepts
 // TLS and then closes cannot cause a tight reconnect loop.
 func (p *Pool) answered() {
 	p.mu.Lock()
-	p.fails = 0
-	p.retryAt = time.Time{}
+	p.redial = redial{}
 	p.mu.Unlock()
-}
-
-// learnLimit is told how a connection ended. A server that closes a busy
-// connection after answering many queries teaches the pool its per-connection
-// query limit. It runs before the dead connection's queries are moved or replayed,
-// so that the connections they go to already respect the limit.
-func (p *Pool) learnLimit(reason CloseReason, answered, outstanding int) {
-	if reason != CloseServer || outstanding == 0 || answered < minLearnedLimit {
-		return
-	}
-	limit := int32(answered - answered/10) // a margin for servers that count bytes
-	if old := p.learnedLimit(); old == 0 || limit < old {
-		p.limit.Store(limit)
-		// The connections opened with this one are as old and about to be cut
-		// too: they take no more queries than the limit either, so that the
-		// dead connection's replays do not land on them and die again.
-		for _, c := range *p.conns.Load() {
-			c.setLimit(int(limit))
-		}
-	}
-	// Forget it after a while: a cut may have been a one-off (a restart), and a
-	// needlessly low limit costs handshakes.
-	p.limitUntil.Store(nanotime() + int64(learnedTTL))
 }
 
 // connLife is what a closed connection did: what connClosed judges it by.
@@ -491,7 +360,7 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 	switch {
 	case life.failed(reason):
 		failure = fmt.Errorf("%w before its first answer (%s)", ErrConnLost, reason)
-		p.failedLocked(failure)
+		p.redial.strike(failure, p.cfg.Backoff)
 	case reason == CloseStall:
 		failure = ErrStalled
 	}
@@ -519,52 +388,8 @@ func (p *Pool) wakeLocked() {
 	p.wake = make(chan struct{})
 }
 
-// sweepLoop drives timeouts, tombstone expiry, stall, idle and drain checks for
-// every connection from one ticker.
-func (p *Pool) sweepLoop() {
-	defer p.wg.Done()
-	t := time.NewTicker(p.sweepInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-p.ctx.Done():
-			return
-		case now := <-t.C:
-			p.clock.Store(now.UnixNano())
-			for _, c := range *p.conns.Load() {
-				c.sweep(now.UnixNano())
-			}
-		}
-	}
-}
-
-// minLearnedLimit is the fewest answers after which a server's cut teaches a
-// per-connection limit: fewer is more likely a fault than a policy, and a tiny limit
-// would mean a handshake every few queries.
-const minLearnedLimit = 16
-
 // maxWaitersPerSlot bounds the callers waiting for a slot of a saturated pool.
 const maxWaitersPerSlot = 4
-
-// learnedTTL is how long what the pool learns of its upstream holds: a
-// per-connection query limit, how it reads TLS records.
-const learnedTTL = 10 * time.Minute
-
-// learnedLimit returns the per-connection query limit learned from the server's
-// cuts, or 0 if none holds.
-func (p *Pool) learnedLimit() int32 {
-	if nanotime() > p.limitUntil.Load() {
-		return 0
-	}
-	return p.limit.Load()
-}
-
-// sweepInterval is the timer granularity: a twentieth of the shortest timeout,
-// between 5ms and 100ms.
-func (p *Pool) sweepInterval() time.Duration {
-	d := min(p.cfg.ReadTimeout, p.cfg.StallTimeout) / 20
-	return min(max(d, 5*time.Millisecond), 100*time.Millisecond)
-}
 
 // Stats returns a snapshot of the pool's state.
 func (p *Pool) Stats() Stats {
@@ -574,7 +399,7 @@ func (p *Pool) Stats() Stats {
 		s.Inflight += int(c.load.Load())
 	}
 	p.mu.Lock()
-	s.Fails = p.fails
+	s.Strikes = p.redial.strikes
 	p.mu.Unlock()
 	return s
 }

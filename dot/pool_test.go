@@ -117,7 +117,7 @@ func TestWritesCoalesce(t *testing.T) {
 				t.Errorf("%d timeouts and %d replays, want none", to, re)
 			}
 			// Once the verdict expires, the next burst tries again.
-			p.packUntil.Store(0)
+			p.learned.records.until.Store(0)
 			if w := gatedBurst(t, p, g, n); w != 3 {
 				t.Errorf("Socket writes for a burst after the verdict expired = %d, want 3 (a new trial)", w)
 			}
@@ -133,8 +133,8 @@ func TestSharedRecordsKeepLazyServerReading(t *testing.T) {
 	s := dottest.Start(t, dottest.Options{LazyRecords: true})
 	g := newGate()
 	p, rec := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
-	p.pack.Store(int32(packShared))
-	p.packUntil.Store(math.MaxInt64)
+	p.learned.records.v.Store(int32(verdictShared))
+	p.learned.records.until.Store(math.MaxInt64)
 	if _, err := exchange(p, "warm.example."); err != nil {
 		t.Fatal(err)
 	}
@@ -617,8 +617,8 @@ func TestHandshakeThenCloseBacksOff(t *testing.T) {
 	if unavailable == 0 {
 		t.Error("No query failed fast with ErrUnavailable during backoff")
 	}
-	if p.Stats().Fails < 2 {
-		t.Errorf("Consecutive failures = %d, want >= 2", p.Stats().Fails)
+	if p.Stats().Strikes < 2 {
+		t.Errorf("Consecutive failures = %d, want >= 2", p.Stats().Strikes)
 	}
 }
 

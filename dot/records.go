@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"encoding/binary"
 	"time"
 )
 
@@ -27,18 +28,8 @@ import (
 // query without more bytes coming: records can be shared) or the first is answered
 // and the second not within a grace (one query per record). The rest of the batch
 // then goes out, and its bytes wake a server that was waiting. A "shared" verdict
-// is kept for learnedTTL, a "one per record" one for less (see onePerTTL); until
+// is kept for learnedTTL, a "one per record" one for less (see ownTTL); until
 // there is one, each query has a record of its own.
-
-// packing is what a pool knows about how its upstream reads TLS records.
-type packing int32
-
-const (
-	packUnknown packing = iota // no verdict yet, or it expired: one query per record
-	packTrial                  // a connection is finding out: one query per record
-	packShared                 // the upstream reads every query of a record
-	packOnePer                 // it reads only the first until more bytes come
-)
 
 const (
 	// trialTimeout bounds how long a trial holds a connection's writes.
@@ -48,47 +39,25 @@ const (
 	// be slow to come back to the second query, and a wrong "one per record"
 	// costs throughput until the next trial.
 	minTrialGrace = 20 * time.Millisecond
-	// onePerTTL is how long a first "one per record" verdict holds; it doubles
+	// ownTTL is how long a first "one per record" verdict holds; it doubles
 	// with each one in a row, up to learnedTTL. A late second answer may have
 	// been a busy server rather than one that does not read it: a later trial
 	// can tell, and a server that really does not read it is held up by trials
 	// less and less often.
-	onePerTTL = 30 * time.Second
+	ownTTL = 30 * time.Second
 )
 
-// packing returns the pool's current verdict; an expired one is packUnknown.
-func (p *Pool) packing() packing {
-	s := packing(p.pack.Load())
-	if (s == packShared || s == packOnePer) && p.clock.Load() > p.packUntil.Load() {
-		return packUnknown
-	}
-	return s
-}
+// verdict returns the record verdict in force.
+func (p *Pool) verdict() verdict { return p.learned.records.get(p.clock.Load()) }
 
-// startTrial reports whether the caller is to run the trial: there is no verdict
-// and no other connection is running one.
-func (p *Pool) startTrial() bool {
-	s := p.pack.Load()
-	return packing(s) != packTrial && p.packing() == packUnknown && p.pack.CompareAndSwap(s, int32(packTrial))
-}
+// startTrial reports whether the caller is to run the record trial.
+func (p *Pool) startTrial() bool { return p.learned.records.startTrial(p.clock.Load()) }
 
-// endTrial records a trial's verdict, or clears the trial (packUnknown) so that
-// another one runs. A changed verdict is reported to the observer.
-func (p *Pool) endTrial(v packing) {
-	ttl := learnedTTL
-	switch v {
-	case packShared:
-		p.onePerStreak.Store(0)
-	case packOnePer:
-		ttl = min(onePerTTL<<min(p.onePerStreak.Add(1)-1, 10), learnedTTL)
-	}
-	p.packUntil.Store(p.clock.Load() + int64(ttl))
-	p.pack.Store(int32(v))
-	if v == packUnknown {
-		return
-	}
-	if prev := packing(p.lastVerdict.Swap(int32(v))); prev != v {
-		p.obs.SharedRecords(v == packShared)
+// endTrial records a trial's verdict (verdictNone: no verdict, another trial is to
+// run) and reports a changed one to the observer.
+func (p *Pool) endTrial(v verdict) {
+	if p.learned.records.end(v, p.clock.Load()) {
+		p.obs.SharedRecords(v == verdictShared)
 	}
 }
 
@@ -103,7 +72,7 @@ func (c *conn) trial(batch []*call) (int, error) {
 	n, err := c.writeRecords(batch[:2], oneRecord)
 	if err != nil || n < 2 {
 		// An abandoned query left nothing to try with: another batch will.
-		c.pool.endTrial(packUnknown)
+		c.pool.endTrial(verdictNone)
 		return n, err
 	}
 	c.pool.endTrial(c.trialVerdict(batch[0], batch[1], time.Now()))
@@ -113,7 +82,7 @@ func (c *conn) trial(batch []*call) (int, error) {
 // trialVerdict waits for the answers to the trial's queries first and second, as
 // the reader reports them on trialc (where a late answer to an earlier trial's
 // query may also turn up).
-func (c *conn) trialVerdict(first, second *call, start time.Time) packing {
+func (c *conn) trialVerdict(first, second *call, start time.Time) verdict {
 	t := time.NewTimer(trialTimeout)
 	defer t.Stop()
 	firstIn := false // after it, the timer is the second query's grace
@@ -121,16 +90,16 @@ func (c *conn) trialVerdict(first, second *call, start time.Time) packing {
 		select {
 		case cl := <-c.trialc:
 			if cl == second {
-				return packShared
+				return verdictShared
 			}
 			if cl == first && !firstIn {
 				firstIn = true
 				t.Reset(min(max(minTrialGrace, 2*time.Since(start)), trialTimeout))
 			}
 		case <-t.C:
-			return packOnePer
+			return verdictOwn
 		case <-c.done:
-			return packUnknown
+			return verdictNone
 		}
 	}
 }
@@ -142,4 +111,78 @@ func (c *conn) trialAnswered(cl *call) {
 	case c.trialc <- cl:
 	default: // full of reports nobody waited for
 	}
+}
+
+// framing says how writeRecords puts queries into TLS records.
+type framing int
+
+const (
+	ownRecords    framing = iota // each query in a record of its own
+	sharedRecords                // all but the last share records, the last has its own
+	oneRecord                    // all in one record: the record trial
+)
+
+// writeRecords frames the calls of batch still queued (one abandoned by its caller
+// is skipped) and writes them with one syscall, in records as f says. In shared
+// records the last query has a record of its own: a server that serves the queries
+// left in its TLS buffer only when its socket is readable (dnsdist 1.7) finds that
+// record unread on the socket until it has served the others. The shared query
+// wire is never written to: our length and ID go in front of a copy. It returns
+// how many calls it wrote (moved to the front of batch) and the first write
+// error, which is sticky.
+func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
+	var werr error
+	write := func(p []byte) {
+		if _, err := c.tc.Write(p); err != nil && werr == nil {
+			werr = err
+		}
+	}
+	n, last := 0, 0
+	buf := c.wbuf[:0]
+	c.bc.begin()
+	for _, cl := range batch {
+		if !cl.state.CompareAndSwap(callQueued, callSent) {
+			continue
+		}
+		last = len(buf)
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(cl.q.wire)-2))
+		buf = binary.BigEndian.AppendUint16(buf, cl.id)
+		buf = append(buf, cl.q.wire[4:]...)
+		if f == ownRecords {
+			write(buf)
+			buf = buf[:0]
+		}
+		batch[n] = cl
+		n++
+	}
+	switch {
+	case n == 0 || f == ownRecords:
+	case f == sharedRecords && last > 0:
+		write(buf[:last])
+		write(buf[last:])
+	default:
+		write(buf)
+	}
+	c.wbuf = buf[:0]
+	if n == 0 {
+		return 0, c.bc.flush()
+	}
+	// Frames read before the write cannot be answers to it: whatever is read from
+	// now on counts as "read since it was sent".
+	reads := c.reads.Load()
+	c.tc.SetWriteDeadline(time.Now().Add(c.pool.cfg.WriteTimeout))
+	err := c.bc.flush()
+	if werr != nil {
+		err = werr
+	}
+	// The deadline bounds this flush only. Left armed, it would fail the next
+	// write that crypto/tls makes on its own after an idle spell (the reply to a
+	// TLS 1.3 KeyUpdate, made by the reader) and kill a healthy connection.
+	c.tc.SetWriteDeadline(time.Time{})
+	now := nanotime()
+	for _, cl := range batch[:n] {
+		cl.readsAt.Store(reads)
+		cl.sentAt.Store(now)
+	}
+	return n, err
 }

@@ -1,0 +1,49 @@
+package dot
+
+import (
+	"sync/atomic"
+
+	"github.com/miekg/dns"
+)
+
+// Call states. The writer moves a call from queued to sent just before copying it
+// into the write buffer; a caller or the sweeper giving up moves it from queued to
+// abandoned. Whichever CAS wins decides whether the query may be on the wire.
+const (
+	callQueued int32 = iota
+	callSent
+	callAbandoned
+)
+
+// call is one attempt of a query on one connection.
+type call struct {
+	q        *query
+	deadline int64       // unix ns after which the attempt times out; immutable
+	resp     chan result // cap 1; exactly one completion is ever sent (see conn.mu)
+	state    atomic.Int32
+	sentAt   atomic.Int64 // unix ns when the batch holding it was flushed; 0 before
+	readsAt  atomic.Int64 // the connection's frames read when it was flushed
+	id       uint16       // connection-local ID, set under conn.mu by register
+	trial    bool         // the call is one of a record trial's two queries (see records.go)
+
+	callerDeadline bool // deadline is the caller's, not ReadTimeout
+
+	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
+
+	// tombUntil, guarded by conn.mu, is non-zero once the caller gave up on the sent
+	// query: its ID stays reserved until the late answer arrives or this time passes.
+	tombUntil int64
+}
+
+// complete delivers the call's result. The ownership rule makes this happen once, so
+// the send on the 1-slot channel never blocks.
+func (cl *call) complete(r result) {
+	cl.completions.Add(1)
+	cl.resp <- r
+}
+
+// result completes a call: an answer, unpacked for the caller, or an error.
+type result struct {
+	msg *dns.Msg
+	err error
+}

@@ -1,0 +1,93 @@
+package dot
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Exchange sends m upstream and returns the answer with m's ID and question case.
+// m is not modified. The attempt is bounded by ReadTimeout and by ctx.
+func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	return p.ExchangeDeadline(ctx, m, time.Time{})
+}
+
+// ExchangeDeadline is Exchange with a deadline of the caller's besides ctx's (zero:
+// none), so that a caller does not have to allocate a context and a timer per
+// query. Reaching it fails with an error that wraps context.DeadlineExceeded.
+func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
+	q, err := prepareQuery(m, p.cfg.PadBlock, !p.cfg.NoKeepalive)
+	if err != nil {
+		return nil, err
+	}
+	replayed := false
+	for moves := 0; ; {
+		cl := p.newCall(ctx, q, deadline)
+		c, err := p.acquire(ctx, cl)
+		if err != nil {
+			respChans.Put(cl.resp)
+			return nil, err
+		}
+		res, ok := c.await(ctx.Done(), cl)
+		respChans.Put(cl.resp)
+		if !ok {
+			return nil, ctx.Err()
+		}
+		if res.err == nil || errors.Is(res.err, ErrMalformed) {
+			return res.msg, res.err
+		}
+		switch {
+		case errors.Is(res.err, ErrTimeout) && cl.callerDeadline:
+			// The caller's own deadline: say so, so it is not taken for a slow upstream.
+			return nil, wrap(res.err, context.DeadlineExceeded)
+		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
+			moves++ // never written: another connection, at no cost
+		case !replayed && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
+			replayed = true
+			p.obs.Replayed()
+		case errors.Is(res.err, errUnsent):
+			return nil, wrap(ErrConnLost, res.err)
+		default:
+			return nil, res.err
+		}
+	}
+}
+
+// replayable reports whether a query whose written attempt failed may be sent again:
+// only a plain QUERY (idempotent), only if its connection had answered before (a
+// connection that never answered tells nothing good about the next one), and only if
+// the caller still has time.
+func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
+	var lost *connLostError
+	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil
+}
+
+// respChans recycles calls' result channels. A call's channel is idle once acquire
+// failed (nothing was registered) or await returned: by the ownership rule (see
+// conn) the one completion was received then, or will never be sent, because the
+// caller gave the call up while it was live. The call itself cannot be recycled:
+// a tombstone keeps it.
+var respChans = sync.Pool{New: func() any { return make(chan result, 1) }}
+
+// newCall starts an attempt of q: it times out after ReadTimeout, or at the caller's
+// deadline (ctx's or the explicit one) if that comes first.
+func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call {
+	cl := &q.first
+	if q.firstUsed {
+		cl = new(call) // a move or a replay
+	}
+	q.firstUsed = true
+	cl.q, cl.resp = q, respChans.Get().(chan result)
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	at := time.Now().Add(p.cfg.ReadTimeout)
+	if !deadline.IsZero() && deadline.Before(at) {
+		at, cl.callerDeadline = deadline, true
+	}
+	cl.deadline = at.UnixNano()
+	return cl
+}

@@ -1,0 +1,116 @@
+package dot
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// readLoop frames answers and dispatches them until the connection fails or is
+// closed; then it closes the socket.
+func (c *conn) readLoop() {
+	defer c.pool.wg.Done()
+	defer c.closeSocket()
+	c.readFailed(c.readFrames(c.br))
+}
+
+// readFrames reads length-prefixed answers from r and dispatches each until r fails.
+// The frame buffer is reused: dispatch is done with a frame when it returns (the
+// answer is unpacked on this goroutine, and miekg/dns copies what it keeps).
+func (c *conn) readFrames(r io.Reader) error {
+	var hdr [2]byte
+	var buf []byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return err
+		}
+		n := int(binary.BigEndian.Uint16(hdr[:]))
+		if cap(buf) < n {
+			buf = make([]byte, max(n, 1024))
+		}
+		frame := buf[:n]
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return err
+		}
+		c.reads.Add(1)
+		c.dispatch(frame)
+	}
+}
+
+// readFailed classifies the error that ended the read loop.
+func (c *conn) readFailed(err error) {
+	c.mu.Lock()
+	werr := c.werr
+	c.mu.Unlock()
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		c.closeFor(errServerClosed, CloseServer)
+	case werr != nil:
+		c.closeFor(werr, CloseError)
+	default:
+		c.closeFor(fmt.Errorf("read: %w", err), CloseError) // no-op if we closed it ourselves
+	}
+}
+
+var errServerClosed = errors.New("server closed the connection")
+
+// dispatch hands an answer to the call waiting for it, or drops and counts it.
+func (c *conn) dispatch(frame []byte) {
+	if len(frame) < 12 {
+		c.pool.obs.Dropped(DropMalformed)
+		return
+	}
+	id := binary.BigEndian.Uint16(frame)
+	c.mu.Lock()
+	cl, ok := c.calls[id]
+	var drop DropReason = -1
+	switch {
+	case !ok || cl.state.Load() != callSent:
+		drop = DropUnknownID // never asked, or not yet written: nobody can own it
+	case !answers(frame, cl.q.question):
+		drop = DropWrongQuestion // the call keeps waiting for its real answer
+	case cl.tombUntil != 0:
+		drop = DropLate
+		c.removeLocked(cl)
+	default:
+		c.removeLocked(cl)
+		c.answered++
+	}
+	first := drop < 0 && c.answered == 1
+	drain := c.drainedLocked()
+	c.mu.Unlock()
+
+	if first {
+		c.pool.answered() // before the caller hears of it: its next query sees the reset
+	}
+	if drop >= 0 {
+		c.pool.obs.Dropped(drop)
+	} else {
+		c.deliver(cl, frame)
+		if cl.trial {
+			c.trialAnswered(cl)
+		}
+	}
+	if drain >= 0 {
+		c.closeFor(errDrained, drain)
+	}
+	c.pool.slotFreed()
+}
+
+var errDrained = errors.New("connection drained")
+
+// deliver unpacks an answer for its call and completes it. The reader does this,
+// not the caller: the reader's stack has grown once and for all, whereas the caller
+// runs on CoreDNS's fresh per-query goroutine, whose stack an unpack this deep would
+// grow (copy) on every query.
+func (c *conn) deliver(cl *call, frame []byte) {
+	r, keepalive, err := finishAnswer(cl.q, frame)
+	if err != nil {
+		c.pool.obs.Dropped(DropMalformed)
+	} else if keepalive >= 0 {
+		c.keepalive(keepalive)
+	}
+	cl.complete(result{msg: r, err: err})
+	c.lastUsed.Store(c.pool.clock.Load())
+}

@@ -1,0 +1,150 @@
+package dot
+
+import (
+	"errors"
+	"time"
+)
+
+// sweep runs on the pool's ticker. Under c.mu it times out calls past their
+// deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge and
+// judges what the connection's state calls for (sweepVerdictLocked); outside the
+// lock it completes the timed-out calls and closes the connection if it must.
+func (c *conn) sweep(now int64) {
+	c.mu.Lock()
+	if c.state == stateClosed {
+		c.mu.Unlock()
+		return
+	}
+	expired, oldest, next := c.timeoutsLocked(now)
+	if maxAge := c.pool.cfg.MaxAge; maxAge > 0 && now-c.born > int64(maxAge) {
+		c.setDrainingLocked(CloseMaxAge)
+	}
+	v := c.sweepVerdictLocked(now, oldest, next)
+	c.mu.Unlock()
+
+	for _, cl := range expired {
+		c.pool.obs.TimedOut()
+		cl.complete(result{err: ErrTimeout})
+	}
+	if v.reason >= 0 {
+		c.closeFor(v.cause, v.reason)
+	}
+	if len(expired) > 0 {
+		c.pool.slotFreed()
+	}
+}
+
+// timeoutsLocked reaps expired tombstones and gives up the live calls past their
+// deadline, returning those (to be completed outside the lock) and the two
+// outstanding written queries sent first. c.mu must be held.
+func (c *conn) timeoutsLocked(now int64) (expired []*call, oldest, next *call) {
+	for _, cl := range c.calls {
+		if cl.tombUntil != 0 && now > cl.tombUntil {
+			c.removeLocked(cl)
+			continue
+		}
+		if cl.tombUntil == 0 && now > cl.deadline {
+			c.giveUpLocked(cl, now)
+			expired = append(expired, cl)
+		}
+		oldest, next = earliest(oldest, next, cl)
+	}
+	return expired, oldest, next
+}
+
+// sweepVerdict is why the sweeper closes a connection; reason -1: it does not.
+type sweepVerdict struct {
+	cause  error
+	reason CloseReason
+}
+
+// sweepVerdictLocked checks, in order of precedence, for a stall, a drain that
+// stopped answering, a finished drain and idleness. c.mu must be held.
+func (c *conn) sweepVerdictLocked(now int64, oldest, next *call) sweepVerdict {
+	stuck := c.drainStuckLocked(now, oldest)
+	switch {
+	case c.stalledLocked(now, oldest, next):
+		return sweepVerdict{ErrStalled, CloseStall}
+	case stuck:
+		return sweepVerdict{errDrainStuck, c.drainFor}
+	case c.drainedLocked() >= 0:
+		return sweepVerdict{errDrained, c.drainFor}
+	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(c.idle):
+		return sweepVerdict{errIdle, CloseIdle}
+	}
+	return sweepVerdict{reason: -1}
+}
+
+// stalledLocked: the oldest outstanding query is older than the stall timeout,
+// not a single frame was read since it was written, and a later query has gone
+// unanswered for a while too. A slow answer on a connection that is still
+// answering others is not a stall, and neither is one unanswered query on an
+// otherwise idle connection: a server may drop a query or take long over it, and
+// only a second query tells a dead connection from that.
+func (c *conn) stalledLocked(now int64, oldest, next *call) bool {
+	cfg := &c.pool.cfg
+	return next != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) &&
+		now-next.sentAt.Load() > int64(drainQuiet(cfg)) && c.reads.Load() == oldest.readsAt.Load()
+}
+
+// drainStuckLocked updates the sweeper's view of the read counter and reports
+// whether a draining connection has stopped answering. It gets no new queries, so
+// its answers only dry up; if they stop while queries are still out, the server
+// has most likely dropped them (or is about to cut the connection): closing it
+// replays them elsewhere now, rather than after their read timeout.
+func (c *conn) drainStuckLocked(now int64, oldest *call) bool {
+	if r := c.reads.Load(); r != c.sweepReads || c.quietSince == 0 {
+		c.sweepReads, c.quietSince = r, now
+	}
+	return c.state == stateDraining && oldest != nil && now-c.quietSince > int64(drainQuiet(&c.pool.cfg))
+}
+
+// earliest returns the two written calls sent first among oldest, next (already
+// in order, either may be nil) and cl.
+func earliest(oldest, next, cl *call) (*call, *call) {
+	s := cl.sentAt.Load()
+	switch {
+	case s == 0:
+		return oldest, next
+	case oldest == nil || s < oldest.sentAt.Load():
+		return cl, oldest
+	case next == nil || s < next.sentAt.Load():
+		return oldest, cl
+	}
+	return oldest, next
+}
+
+var (
+	errIdle       = errors.New("connection idle")
+	errDrainStuck = errors.New("draining connection stopped answering")
+)
+
+// drainQuiet is how long a draining connection may go without any answer while
+// queries are outstanding: a quarter of the stall timeout, at most 500ms.
+func drainQuiet(cfg *Config) time.Duration { return min(cfg.StallTimeout/4, 500*time.Millisecond) }
+
+// sweepLoop drives timeouts, tombstone expiry, stall, idle and drain checks for
+// every connection from one ticker.
+func (p *Pool) sweepLoop() {
+	defer p.wg.Done()
+	t := time.NewTicker(p.sweepInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case now := <-t.C:
+			p.clock.Store(now.UnixNano())
+			for _, c := range *p.conns.Load() {
+				c.sweep(now.UnixNano())
+			}
+		}
+	}
+}
+
+// sweepInterval is the timer granularity: a twentieth of the shortest timeout,
+// between 5ms and 100ms.
+func (p *Pool) sweepInterval() time.Duration {
+	d := min(p.cfg.ReadTimeout, p.cfg.StallTimeout) / 20
+	return min(max(d, 5*time.Millisecond), 100*time.Millisecond)
+}
