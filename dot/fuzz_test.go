@@ -160,6 +160,19 @@ func seedAnswers(t testing.TB, m *dns.Msg) [][]byte {
 		r.Extra = []dns.RR{rr("mail.WwW.Example. 60 IN A 192.0.2.9")}
 		r.SetEdns0(1232, true)
 	})
+	add(func(r *dns.Msg) { // signed: the TSIG before the OPT, a SIG(0) after it
+		r.Answer = []dns.RR{rr("WwW.Example. 60 IN A 192.0.2.1")}
+		r.Extra = []dns.RR{tsigRR(r.Id)}
+		r.SetEdns0(1232, false)
+		r.Extra = append(r.Extra, &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
+			Algorithm: dns.ECDSAP256SHA256, SignerName: "key.example.", Signature: "AAAA"}})
+	})
+	add(func(r *dns.Msg) { // an error with the header alone, and an extended error
+		r.Question = nil
+		r.Rcode = dns.RcodeRefused
+		r.SetEdns0(1232, false)
+		r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeProhibited})
+	})
 	return out
 }
 
@@ -171,7 +184,9 @@ func finishAnswerPlain(q *query, frame []byte) (*dns.Msg, int, error) {
 		return nil, -1, err
 	}
 	r.Id = q.origID
-	r.Question[0].Name = q.name
+	n := len(q.question)
+	r.Question = []dns.Question{{Name: q.name, Qtype: binary.BigEndian.Uint16(q.question[n-4:]), Qclass: binary.BigEndian.Uint16(q.question[n-2:])}}
+	r.Answer, r.Ns, r.Extra = withoutSignatures(r.Answer), withoutSignatures(r.Ns), withoutSignatures(r.Extra)
 	keepalive := -1 // the last 2-byte keepalive option in an additional OPT
 	kept := r.Extra[:0]
 	for _, rr := range r.Extra {
@@ -201,6 +216,23 @@ func finishAnswerPlain(q *query, frame []byte) (*dns.Msg, int, error) {
 		keepalive = int(binary.BigEndian.Uint16(ka[len(ka)-1]))
 	}
 	return r, keepalive, nil
+}
+
+// withoutSignatures returns rrs without TSIG and SIG(0) records, nil if none is left.
+func withoutSignatures(rrs []dns.RR) []dns.RR {
+	var out []dns.RR
+	for _, rr := range rrs {
+		switch rr := rr.(type) {
+		case *dns.TSIG:
+		case *dns.SIG:
+			if rr.TypeCovered != 0 {
+				out = append(out, rr)
+			}
+		default:
+			out = append(out, rr)
+		}
+	}
+	return out
 }
 
 // additionalKeepalives returns the timeouts of the 2-byte keepalive options in the

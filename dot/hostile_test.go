@@ -234,6 +234,124 @@ func prepareNoPanic(m *dns.Msg) (err error) {
 	return err
 }
 
+// headerOnly returns a response with the given ID and rcode and no question.
+func headerOnly(id uint16, rcode int, edit func(r *dns.Msg)) []byte {
+	r := new(dns.Msg)
+	r.Id, r.Response, r.Rcode = id, true, rcode
+	if edit != nil {
+		edit(r)
+	}
+	b, err := r.Pack()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// An error answer with no question (RFC 7766 allows it; some public resolvers send
+// one for a query they refuse) goes to the caller with the caller's ID and question;
+// one without an error rcode in its header, or carrying records other than an OPT,
+// could be anyone's and is dropped.
+func TestHeaderOnlyErrorAnswers(t *testing.T) {
+	withEDE := func(r *dns.Msg) {
+		r.SetEdns0(1232, false)
+		r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeProhibited})
+	}
+	withAnswer := func(r *dns.Msg) {
+		r.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: "evil.example.", Rrtype: dns.TypeA, Class: dns.ClassINET}, A: net.IPv4(192, 0, 2, 66)}}
+	}
+	withAuthority := func(r *dns.Msg) {
+		r.Ns = []dns.RR{&dns.NS{Hdr: dns.RR_Header{Name: "example.", Rrtype: dns.TypeNS, Class: dns.ClassINET}, Ns: "ns.evil."}}
+	}
+	withGlue := func(r *dns.Msg) {
+		r.Extra = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: "ns.evil.", Rrtype: dns.TypeA, Class: dns.ClassINET}, A: net.IPv4(192, 0, 2, 66)}}
+	}
+	tests := []struct {
+		name    string
+		rcode   int
+		edit    func(r *dns.Msg)
+		deliver bool
+	}{
+		{"REFUSED", dns.RcodeRefused, nil, true},
+		{"FORMERR", dns.RcodeFormatError, nil, true},
+		{"NOTIMP", dns.RcodeNotImplemented, nil, true},
+		{"SERVFAIL", dns.RcodeServerFailure, nil, true},
+		{"REFUSED with an EDE", dns.RcodeRefused, withEDE, true},
+		{"NOERROR", dns.RcodeSuccess, nil, false},
+		{"NXDOMAIN with an answer", dns.RcodeNameError, withAnswer, false},
+		{"REFUSED with authority", dns.RcodeRefused, withAuthority, false},
+		{"REFUSED with glue", dns.RcodeRefused, withGlue, false},
+		{"BADVERS: NOERROR in the header, 1 in the OPT", dns.RcodeBadVers, nil, false},
+		{"NOERROR with an OPT", dns.RcodeSuccess, withEDE, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newBareConn(t, 8)
+			m := newQuery("Www.Example.", dns.TypeAAAA)
+			m.Id = 777
+			m.SetEdns0(1232, false)
+			q, err := prepareQuery(m, 0, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl := newTestCall(q)
+			c.register(cl)
+			<-c.writeq
+			cl.state.Store(callSent)
+			edit := tc.edit
+			if tc.rcode > 0xF && edit == nil {
+				edit = func(r *dns.Msg) { r.SetEdns0(1232, false) }
+			}
+			c.dispatch(headerOnly(cl.id, tc.rcode, edit))
+			c.closeFor(errServerClosed, CloseServer)
+			r := <-cl.resp
+			if !tc.deliver {
+				drops := c.pool.obs.(*recorder).drops[DropWrongQuestion]
+				if r.msg != nil || drops != 1 {
+					t.Fatalf("Delivered %v (%d wrong-question drops), want it dropped", r.msg, drops)
+				}
+				return
+			}
+			if r.err != nil {
+				t.Fatalf("Got %v, want the error answer", r.err)
+			}
+			if r.msg.Rcode != tc.rcode || r.msg.Id != 777 || len(r.msg.Question) != 1 || r.msg.Question[0] != m.Question[0] {
+				t.Fatalf("Delivered %v, want rcode %d, ID 777, the client's question", r.msg, tc.rcode)
+			}
+			b, err := r.msg.Pack()
+			if err != nil {
+				t.Fatalf("The answer does not pack: %v", err)
+			}
+			if err := new(dns.Msg).Unpack(b); err != nil {
+				t.Fatalf("The answer does not unpack: %v", err)
+			}
+		})
+	}
+}
+
+// Through the pool, the caller gets a question-less REFUSED at once, not a timeout.
+func TestHeaderOnlyRefusedThroughPool(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Raw: func(q *dns.Msg, _ []byte) [][]byte {
+		return [][]byte{headerOnly(q.Id, dns.RcodeRefused, nil)}
+	}})
+	p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 5 * time.Second })
+	m := newQuery("a.example.", dns.TypeA)
+	m.Id = 4321
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, err := p.Exchange(ctx, m)
+	if err != nil {
+		t.Fatalf("Exchange: %v after %v, want the REFUSED", err, time.Since(start))
+	}
+	if r.Rcode != dns.RcodeRefused || r.Id != 4321 || r.Question[0] != m.Question[0] {
+		t.Errorf("Got %v, want REFUSED with the client's ID and question", r)
+	}
+	if d := rec.get(func(r *recorder) int { return len(r.drops) }); d != 0 {
+		t.Errorf("Drops %v, want none", rec.drops)
+	}
+}
+
 // hasSignature reports whether m carries a TSIG or SIG(0) record anywhere.
 func hasSignature(m *dns.Msg) bool {
 	for _, s := range [][]dns.RR{m.Answer, m.Ns, m.Extra} {
@@ -308,6 +426,49 @@ func TestTSIGQueryGoesUnsigned(t *testing.T) {
 		}
 		if r.Id != 999 || hasSignature(r) || (r.IsEdns0() != nil) != clientOPT {
 			t.Errorf("%s: answer\n%v\nwant ID 999, no signature, an OPT as the client sent", name, r)
+		}
+	}
+}
+
+// A signature in the upstream's answer is never the caller's (it covers the
+// connection-local ID): it is dropped, and the answer packs and parses with the
+// caller's ID and OPT.
+func TestSignatureInAnswerIsDropped(t *testing.T) {
+	sig0 := &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
+		Algorithm: dns.ECDSAP256SHA256, SignerName: "key.example.", Signature: "AAAA"}}
+	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+		r := dottest.DefaultAnswer(q)
+		switch q.Question[0].Name {
+		case "after-opt.example.":
+			r.Extra = append(r.Extra, tsigRR(q.Id))
+		case "before-opt.example.":
+			r.Extra = append([]dns.RR{tsigRR(q.Id)}, r.Extra...)
+		case "sig0.example.":
+			r.Extra = append(r.Extra, sig0)
+		}
+		return r
+	}})
+	p, _ := newTestPool(t, s, nil)
+	for _, name := range []string{"after-opt.example.", "before-opt.example.", "sig0.example."} {
+		m := newQuery(name, dns.TypeA)
+		m.Id = 31337
+		m.SetEdns0(1232, true)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r, err := p.Exchange(ctx, m)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		b, err := r.Pack()
+		if err != nil {
+			t.Fatalf("%s: the answer does not pack: %v", name, err)
+		}
+		out := new(dns.Msg)
+		if err := out.Unpack(b); err != nil {
+			t.Fatalf("%s: the answer does not parse: %v", name, err)
+		}
+		if out.Id != 31337 || hasSignature(out) || out.IsEdns0() == nil || len(out.Extra) != 1 || len(out.Answer) != 1 {
+			t.Errorf("%s: answer\n%v\nwant ID 31337, the A record, the OPT, no signature", name, out)
 		}
 	}
 }

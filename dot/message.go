@@ -449,11 +449,12 @@ func questionCount(sentinel error, n int) error { return fmt.Errorf("%w: %d ques
 
 // answers reports whether resp (a DNS message without length prefix) is a response
 // carrying exactly the question q asked: QR set, one question, the same name
-// compared case-insensitively, the same type and class. It works on the wire, so the
-// reader can drop mismatches without unpacking (RFC 7766 §7).
+// compared case-insensitively, the same type and class; or an error without a
+// question (see errorWithoutQuestion). It works on the wire, so the reader can drop
+// mismatches without unpacking (RFC 7766 §7).
 func answers(resp, question []byte) bool {
 	if len(resp) < 12+len(question) || resp[2]&0x80 == 0 || binary.BigEndian.Uint16(resp[4:]) != 1 {
-		return false
+		return errorWithoutQuestion(resp)
 	}
 	got := resp[12 : 12+len(question)]
 	for i, b := range question {
@@ -469,6 +470,31 @@ func answers(resp, question []byte) bool {
 	return got[n-4] == question[n-4] && got[n-3] == question[n-3] && got[n-2] == question[n-2] && got[n-1] == question[n-1]
 }
 
+// errorWithoutQuestion reports whether resp is an error answer without a question
+// section. RFC 7766 §7 matches the question only if the response has one, and
+// servers do answer a query they refuse or cannot parse with the header alone. Such
+// an answer is taken, on its ID, only if it can carry nothing but the error: QR set,
+// a non-zero rcode in the header, no answer or authority records, and in the
+// additional section at most an OPT (with an extended error, say). A NOERROR
+// without a question could be the answer to any query, and is dropped.
+//
+//go:noinline
+func errorWithoutQuestion(resp []byte) bool {
+	if len(resp) < 12 || resp[2]&0x80 == 0 || resp[3]&0x0F == 0 {
+		return false
+	}
+	if resp[4]|resp[5]|resp[6]|resp[7]|resp[8]|resp[9] != 0 { // QDCOUNT, ANCOUNT, NSCOUNT
+		return false
+	}
+	switch binary.BigEndian.Uint16(resp[10:]) {
+	case 0:
+		return true
+	case 1: // the root name, then type OPT
+		return len(resp) >= 12+11 && resp[12] == 0 && binary.BigEndian.Uint16(resp[13:]) == dns.TypeOPT
+	}
+	return false
+}
+
 func lower(c byte) byte {
 	if 'A' <= c && c <= 'Z' {
 		return c + 'a' - 'A'
@@ -477,8 +503,8 @@ func lower(c byte) byte {
 }
 
 // finishAnswer unpacks an upstream answer for the caller: the caller's ID and
-// question case, hop-by-hop options removed, and no OPT at all if the client sent
-// none. It also returns the server's RFC 7828 keepalive timeout in units of 100ms,
+// question (also for an error answer that came without one), hop-by-hop options
+// and transaction signatures removed, and no OPT at all if the client sent none. It also returns the server's RFC 7828 keepalive timeout in units of 100ms,
 // or -1 if the answer carried none.
 //
 // frame must have passed answers(frame, q.question), and it is edited in place.
@@ -504,11 +530,14 @@ func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 	r.Id = q.origID
 	u := unpacker{
 		msg:       frame,
-		off:       12 + n,
+		off:       12,
 		name:      q.name,
-		sameName:  string(frame[12:12+n]) == string(q.question),
 		clientOPT: q.clientOPT,
 		keepalive: -1,
+	}
+	if binary.BigEndian.Uint16(frame[4:]) != 0 { // else an error without a question
+		u.off += n
+		u.sameName = string(frame[12:12+n]) == string(q.question)
 	}
 	if err := u.sections(r, a.rrs[:0]); err != nil {
 		return nil, -1, wrap(ErrMalformed, err)
@@ -557,7 +586,7 @@ func (u *unpacker) sections(r *dns.Msg, room []dns.RR) error {
 				return err
 			}
 			if rr == nil {
-				continue // an OPT the client does not get
+				continue // an OPT the client does not get, or a signature
 			}
 			if o, ok := rr.(*dns.OPT); ok && i == 2 {
 				opt = o
@@ -586,7 +615,9 @@ func section(s []dns.RR) []dns.RR {
 
 // record unpacks the record at u.off. In the additional section an OPT loses its
 // hop-by-hop options (their keepalive is noted) and is dropped, as nil, if the
-// client sent no OPT.
+// client sent no OPT. A transaction signature is dropped in any section: it signs
+// the connection-local ID, not the caller's, and the client's own signature never
+// went upstream (see prepareQuery).
 func (u *unpacker) record(additional bool) (dns.RR, error) {
 	var h dns.RR_Header
 	var err error
@@ -607,6 +638,9 @@ func (u *unpacker) record(additional bool) (dns.RR, error) {
 		return nil, errTruncatedMsg
 	}
 	u.off = end
+	if signature(h.Rrtype, m[rd:end]) {
+		return nil, nil
+	}
 	if additional && h.Rrtype == dns.TypeOPT {
 		n, err := u.cutHopByHop(m[rd:end])
 		if err != nil || !u.clientOPT {
