@@ -1,6 +1,10 @@
 package dotforward
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/dotforward/dotforward/dot"
+)
 
 // Errors of the plugin layer; the pool's own sentinels are in dot/errors.go.
 var (
@@ -10,8 +14,9 @@ var (
 	// ErrLimitExceeded is returned when max_concurrent queries are already in flight.
 	ErrLimitExceeded = errors.New("max_concurrent queries exceeded")
 	// ErrZoneTransfer is returned for AXFR and IXFR, which a pipelined DoT
-	// connection cannot carry (their answers span several messages).
-	ErrZoneTransfer = errors.New("zone transfers are not forwarded")
+	// connection cannot carry (their answers span several messages). It is the
+	// pool's, and wraps dot.ErrBadQuery: errorRcode checks it first.
+	ErrZoneTransfer = dot.ErrZoneTransfer
 	// ErrNotStarted is returned for an upstream whose pool is not running: before
 	// OnStartup or after OnShutdown.
 	ErrNotStarted = errors.New("upstream not started")

@@ -114,15 +114,7 @@ func (f *DoTForward) match(r *dns.Msg) bool {
 }
 
 // checkQuery refuses what the pool cannot forward before any upstream is tried.
-func checkQuery(r *dns.Msg) error {
-	if len(r.Question) != 1 {
-		return fmt.Errorf("%w: %d questions", dot.ErrBadQuery, len(r.Question))
-	}
-	if t := r.Question[0].Qtype; t == dns.TypeAXFR || t == dns.TypeIXFR {
-		return ErrZoneTransfer
-	}
-	return nil
-}
+func checkQuery(r *dns.Msg) error { return dot.CheckQuery(r) }
 
 // errorRcode is the rcode the server answers with when forwarding failed.
 func errorRcode(err error) int {

@@ -30,9 +30,12 @@ var (
 	// ErrMalformed means the upstream's answer could not be parsed.
 	ErrMalformed = errors.New("dot: malformed answer")
 	// ErrBadQuery means the query cannot be forwarded: it does not have exactly one
-	// question, cannot be packed, or is a zone transfer (multi-message answers
-	// cannot be pipelined).
+	// question, has a nil record or an OPT where a query cannot have one, cannot be
+	// packed into 65,535 octets, or is a zone transfer (see ErrZoneTransfer).
 	ErrBadQuery = errors.New("dot: query cannot be forwarded")
+	// ErrZoneTransfer wraps ErrBadQuery for AXFR and IXFR: their answers span
+	// several messages, which a pipelined connection cannot carry.
+	ErrZoneTransfer = fmt.Errorf("%w: zone transfers are not forwarded", ErrBadQuery)
 )
 
 // errSaturated is wrapped by ErrUnavailable when every slot is taken and as many

@@ -160,6 +160,19 @@ func seedAnswers(t testing.TB, m *dns.Msg) [][]byte {
 		r.Extra = []dns.RR{rr("mail.WwW.Example. 60 IN A 192.0.2.9")}
 		r.SetEdns0(1232, true)
 	})
+	add(func(r *dns.Msg) { // signed: the TSIG before the OPT, a SIG(0) after it
+		r.Answer = []dns.RR{rr("WwW.Example. 60 IN A 192.0.2.1")}
+		r.Extra = []dns.RR{tsigRR(r.Id)}
+		r.SetEdns0(1232, false)
+		r.Extra = append(r.Extra, &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
+			Algorithm: dns.ECDSAP256SHA256, SignerName: "key.example.", Signature: "AAAA"}})
+	})
+	add(func(r *dns.Msg) { // an error with the header alone, and an extended error
+		r.Question = nil
+		r.Rcode = dns.RcodeRefused
+		r.SetEdns0(1232, false)
+		r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeProhibited})
+	})
 	return out
 }
 
@@ -171,7 +184,9 @@ func finishAnswerPlain(q *query, frame []byte) (*dns.Msg, int, error) {
 		return nil, -1, err
 	}
 	r.Id = q.origID
-	r.Question[0].Name = q.name
+	n := len(q.question)
+	r.Question = []dns.Question{{Name: q.name, Qtype: binary.BigEndian.Uint16(q.question[n-4:]), Qclass: binary.BigEndian.Uint16(q.question[n-2:])}}
+	r.Answer, r.Ns, r.Extra = withoutSignatures(r.Answer), withoutSignatures(r.Ns), withoutSignatures(r.Extra)
 	keepalive := -1 // the last 2-byte keepalive option in an additional OPT
 	kept := r.Extra[:0]
 	for _, rr := range r.Extra {
@@ -203,6 +218,23 @@ func finishAnswerPlain(q *query, frame []byte) (*dns.Msg, int, error) {
 	return r, keepalive, nil
 }
 
+// withoutSignatures returns rrs without TSIG and SIG(0) records, nil if none is left.
+func withoutSignatures(rrs []dns.RR) []dns.RR {
+	var out []dns.RR
+	for _, rr := range rrs {
+		switch rr := rr.(type) {
+		case *dns.TSIG:
+		case *dns.SIG:
+			if rr.TypeCovered != 0 {
+				out = append(out, rr)
+			}
+		default:
+			out = append(out, rr)
+		}
+	}
+	return out
+}
+
 // additionalKeepalives returns the timeouts of the 2-byte keepalive options in the
 // OPT records of frame's additional section (miekg/dns unpacks an empty option and
 // a zero timeout alike, so this reads the wire).
@@ -223,5 +255,120 @@ func additionalKeepalives(frame []byte) [][]byte {
 			rdata = rdata[4+n:]
 		}
 	})
+	return out
+}
+
+// FuzzPrepareQuery feeds prepareQuery any client query miekg/dns can parse (CoreDNS
+// hands a plugin nothing else): it either refuses it with ErrBadQuery or prepares a
+// frame whose length prefix is right, whose message parses and asks the client's
+// question, and that carries at most our one OPT, last, and no signature.
+func FuzzPrepareQuery(f *testing.F) {
+	for _, m := range seedQueries(f) {
+		b, err := m.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint8(1), true)
+	}
+	blocks := []int{0, 128, 468}
+	f.Fuzz(func(t *testing.T, data []byte, block uint8, keepalive bool) {
+		m := new(dns.Msg)
+		if m.Unpack(data) != nil {
+			return
+		}
+		q, err := prepareQuery(m, blocks[int(block)%len(blocks)], keepalive)
+		if err != nil {
+			if !errors.Is(err, ErrBadQuery) {
+				t.Fatalf("Error %v is not ErrBadQuery", err)
+			}
+			return
+		}
+		n := len(q.wire) - 2
+		if n > dns.MaxMsgSize || int(binary.BigEndian.Uint16(q.wire)) != n || !q.framed() {
+			t.Fatalf("Length prefix %d for a %d-octet message", binary.BigEndian.Uint16(q.wire), n)
+		}
+		out := new(dns.Msg)
+		if err := out.Unpack(q.wire[2:]); err != nil {
+			t.Fatalf("Prepared query does not parse: %v", err)
+		}
+		if len(out.Question) != 1 || out.Question[0] != m.Question[0] {
+			t.Fatalf("Prepared query asks %v, the client %v", out.Question, m.Question)
+		}
+		checkUpstreamRecords(t, out)
+	})
+}
+
+// checkUpstreamRecords checks the records of a query as prepared for the upstream:
+// an OPT only as the last additional record, no transaction signature.
+func checkUpstreamRecords(t *testing.T, out *dns.Msg) {
+	t.Helper()
+	sections := [][]dns.RR{out.Answer, out.Ns, out.Extra}
+	for i, s := range sections {
+		for j, rr := range s {
+			if _, ok := rr.(*dns.OPT); ok && (i != 2 || j != len(s)-1) {
+				t.Fatalf("OPT in section %d at %d of %d", i, j, len(s))
+			}
+			if sig, ok := rr.(*dns.SIG); ok && sig.TypeCovered == 0 {
+				t.Fatalf("SIG(0) forwarded: %v", rr)
+			}
+			if _, ok := rr.(*dns.TSIG); ok {
+				t.Fatalf("TSIG forwarded: %v", rr)
+			}
+		}
+	}
+}
+
+// seedQueries returns client queries of the shapes that need care: a big OPT
+// option near the size limit, two OPTs, an OPT in the answer or authority section
+// or not last, signed queries (TSIG before and after the OPT, SIG(0)).
+func seedQueries(t testing.TB) []*dns.Msg {
+	plain := func() *dns.Msg { return newQuery("Fuzz.Example.", dns.TypeTXT) }
+	withOPT := func() *dns.Msg {
+		m := plain()
+		m.SetEdns0(1232, true)
+		m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_PADDING{Padding: []byte{0, 0}},
+			&dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0102030405060708"})
+		return m
+	}
+	opt := func() *dns.OPT {
+		o := &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT}}
+		o.SetUDPSize(4096)
+		return o
+	}
+	glue := &dns.A{Hdr: dns.RR_Header{Name: "glue.example.", Rrtype: dns.TypeA, Class: dns.ClassINET}, A: []byte{192, 0, 2, 1}}
+	sig0 := &dns.SIG{RRSIG: dns.RRSIG{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSIG, Class: dns.ClassANY},
+		Algorithm: dns.ECDSAP256SHA256, SignerName: "key.example.", Signature: "AAAA"}}
+	var out []*dns.Msg
+	add := func(m *dns.Msg) { out = append(out, m) }
+	add(plain())
+	add(withOPT())
+	add(bigQuery(t, 65532, true))
+	add(bigQuery(t, 65535, true))
+	add(bigQuery(t, 65530, false))
+	m := withOPT()
+	m.Extra = append(m.Extra, opt())
+	add(m)
+	m = plain()
+	m.Answer = []dns.RR{opt()}
+	m.Extra = []dns.RR{glue}
+	add(m)
+	m = plain()
+	m.Ns = []dns.RR{opt()}
+	add(m)
+	m = withOPT()
+	m.Extra = append(m.Extra, glue)
+	add(m)
+	m = withOPT()
+	m.Extra = append(m.Extra, tsigRR(m.Id))
+	add(m)
+	m = plain()
+	m.Extra = []dns.RR{tsigRR(m.Id), opt()}
+	add(m)
+	m = withOPT()
+	m.Extra = append(m.Extra, sig0)
+	add(m)
+	m = plain()
+	m.Answer = []dns.RR{tsigRR(m.Id)}
+	add(m)
 	return out
 }

@@ -40,30 +40,28 @@ func hopByHop(code uint16) bool {
 // plus our keepalive and padding options. m itself is not modified. The OPT is
 // edited on the wire after one pack, so that the hot path copies no dns.Msg and
 // builds no RR.
+//
+// A transaction signature (TSIG, SIG(0)) in m is removed: it covers the message ID,
+// which the pool rewrites, so the upstream could only reject it, and its answer
+// would be signed over an ID the client never sent. The query goes unsigned.
 func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
-	if len(m.Question) != 1 {
-		return nil, questionCount(ErrBadQuery, len(m.Question))
-	}
-	if t := m.Question[0].Qtype; t == dns.TypeAXFR || t == dns.TypeIXFR {
-		return nil, errZoneTransfer
+	if err := CheckQuery(m); err != nil {
+		return nil, err
 	}
 	q := &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
 	wire, err := packQuery(m, q.room[:])
 	if err != nil {
 		return nil, err
 	}
-	if m.IsTsig() != nil {
-		// A TSIG MAC covers the additional section, so a signed query is forwarded as
-		// it is (TSIG's original ID field makes the ID rewrite safe).
-		q.clientOPT = m.IsEdns0() != nil
-	} else {
-		wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
-		if errors.Is(err, errOPTNotLast) {
-			wire, q.clientOPT, err = repackOPTLast(m, padBlock, keepalive)
-		}
-		if err != nil {
-			return nil, wrap(ErrBadQuery, err)
-		}
+	wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
+	if errors.Is(err, errRepack) {
+		wire, q.clientOPT, err = repack(m, padBlock, keepalive)
+	}
+	if err != nil {
+		return nil, badQuery(err)
+	}
+	if len(wire)-2 > dns.MaxMsgSize {
+		return nil, errTooLarge // its length prefix would wrap
 	}
 	binary.BigEndian.PutUint16(wire, uint16(len(wire)-2))
 	qlen, err := nameLen(wire[2:], 12)
@@ -75,9 +73,98 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
 	return q, nil
 }
 
+// framed reports whether q.wire is a frame whose length prefix is the length of its
+// message, a DNS header at least and at most 65,535 octets. prepareQuery makes it
+// so; the writer checks it anyway, because a prefix that lied would make the
+// upstream read the rest of the query, chosen by the client, as further messages.
+func (q *query) framed() bool {
+	n := len(q.wire) - 2
+	return n >= 12 && n <= dns.MaxMsgSize && int(binary.BigEndian.Uint16(q.wire)) == n
+}
+
+// CheckQuery reports why m cannot be forwarded, as far as that is known without
+// packing it: not exactly one question, a zone transfer (ErrZoneTransfer), or a
+// record miekg/dns cannot pack or a query cannot carry (see checkRecords). The
+// error wraps ErrBadQuery. Exchange checks this itself; a caller can check first
+// to refuse a query before choosing an upstream.
+func CheckQuery(m *dns.Msg) (err error) {
+	if len(m.Question) != 1 {
+		return questionCount(ErrBadQuery, len(m.Question))
+	}
+	if t := m.Question[0].Qtype; t == dns.TypeAXFR || t == dns.TypeIXFR {
+		return ErrZoneTransfer
+	}
+	defer func() {
+		if r := recover(); r != nil { // a nil pointer of a record type: Header panics
+			err = panicked(r)
+		}
+	}()
+	if err = checkRecords(m); err != nil {
+		err = wrap(ErrBadQuery, err)
+	}
+	return err
+}
+
+// checkRecords refuses a nil record (miekg/dns panics packing it), a record whose
+// type says OPT or TSIG but that is not a *dns.OPT or *dns.TSIG (dns.Msg.IsEdns0
+// and IsTsig panic on it), an OPT or TSIG outside the additional section, and more
+// than one OPT (RFC 6891 §6.1.1). A query has at most an OPT in the additional
+// section, so this costs next to nothing.
+func checkRecords(m *dns.Msg) error {
+	for _, rr := range m.Answer {
+		if err := checkRecord(rr, false); err != nil {
+			return err
+		}
+	}
+	for _, rr := range m.Ns {
+		if err := checkRecord(rr, false); err != nil {
+			return err
+		}
+	}
+	opts := 0
+	for _, rr := range m.Extra {
+		if err := checkRecord(rr, true); err != nil {
+			return err
+		}
+		if rr.Header().Rrtype == dns.TypeOPT {
+			opts++
+		}
+	}
+	if opts > 1 {
+		return errTwoOPTs
+	}
+	return nil
+}
+
+func checkRecord(rr dns.RR, additional bool) error {
+	if rr == nil {
+		return errNilRecord
+	}
+	ok := true
+	switch rr.Header().Rrtype {
+	case dns.TypeOPT:
+		_, ok = rr.(*dns.OPT)
+	case dns.TypeTSIG:
+		_, ok = rr.(*dns.TSIG)
+	default:
+		return nil
+	}
+	if !ok || !additional {
+		return errMetaRecord
+	}
+	return nil
+}
+
 // packQuery packs m into buf behind two bytes of room for the length prefix; the
 // options rewriteOPT appends go in buf's spare room, or past it in a new array.
-func packQuery(m *dns.Msg, buf []byte) ([]byte, error) {
+func packQuery(m *dns.Msg, buf []byte) (wire []byte, err error) {
+	// miekg/dns panics on records CheckQuery does not look into (a nil EDNS0 option,
+	// say): a query is input, and gets an error.
+	defer func() {
+		if r := recover(); r != nil {
+			wire, err = nil, panicked(r)
+		}
+	}()
 	msg, err := m.PackBuffer(buf[2:])
 	if err != nil {
 		return nil, wrap(ErrBadQuery, err)
@@ -89,16 +176,25 @@ func packQuery(m *dns.Msg, buf []byte) ([]byte, error) {
 	return buf[:2+len(msg)], nil
 }
 
-var errOPTNotLast = errors.New("OPT is not the last record")
-
-// repackOPTLast is the rare path of a client OPT that is not the last additional
-// record: move it to the end of a copy, pack again and rewrite. Out of line, so
-// that the copy of the message does not weigh on the hot path's stack frame.
+// panicked turns a panic of miekg/dns over a query's records into a bad query.
 //
 //go:noinline
-func repackOPTLast(m *dns.Msg, padBlock int, keepalive bool) ([]byte, bool, error) {
+func panicked(r any) error { return fmt.Errorf("%w: miekg/dns panicked: %v", ErrBadQuery, r) }
+
+// errRepack: the query's additional section must be rearranged before rewriteOPT
+// can edit it.
+var errRepack = errors.New("OPT not last, or a signature to remove")
+
+// repack is the rare path of a client OPT that is not the last additional record,
+// or of a signed query: pack a copy whose additional section has no signature and
+// the OPT last, and rewrite that. Out of line, so that the copy of the message does
+// not weigh on the hot path's stack frame. If the copy still needs rearranging (a
+// record whose Go type does not match its type field), the query is refused.
+//
+//go:noinline
+func repack(m *dns.Msg, padBlock int, keepalive bool) ([]byte, bool, error) {
 	out := *m
-	out.Extra = optLast(m.Extra)
+	out.Extra = additionalForUpstream(m.Extra)
 	wire, err := packQuery(&out, make([]byte, 2+256))
 	if err != nil {
 		return nil, false, err
@@ -106,18 +202,36 @@ func repackOPTLast(m *dns.Msg, padBlock int, keepalive bool) ([]byte, bool, erro
 	return rewriteOPT(wire, padBlock, keepalive)
 }
 
-// optLast returns a copy of extra with its OPT RR moved to the end.
-func optLast(extra []dns.RR) []dns.RR {
+// additionalForUpstream returns a copy of extra (checked by checkRecords) without
+// transaction signatures and with its OPT, if any, moved to the end.
+func additionalForUpstream(extra []dns.RR) []dns.RR {
 	out := make([]dns.RR, 0, len(extra))
 	var opt dns.RR
 	for _, rr := range extra {
-		if _, ok := rr.(*dns.OPT); ok {
+		switch rr.Header().Rrtype {
+		case dns.TypeOPT:
 			opt = rr
-			continue
+		case dns.TypeTSIG:
+		case dns.TypeSIG:
+			if s, ok := rr.(*dns.SIG); !ok || s.TypeCovered != 0 {
+				out = append(out, rr)
+			}
+		default:
+			out = append(out, rr)
 		}
-		out = append(out, rr)
 	}
-	return append(out, opt)
+	if opt != nil {
+		out = append(out, opt)
+	}
+	return out
+}
+
+// signature reports whether a record of type rrtype with rdata is a transaction
+// signature: a TSIG (RFC 8945) or a SIG(0) (RFC 2931: a SIG covering type 0).
+// Both sign the message ID, which the pool rewrites. A SIG too short to say what
+// it covers counts as one, as miekg/dns unpacks it covering type 0.
+func signature(rrtype uint16, rdata []byte) bool {
+	return rrtype == dns.TypeTSIG || rrtype == dns.TypeSIG && (len(rdata) < 2 || rdata[0]|rdata[1] == 0)
 }
 
 // rewriteOPT edits the packed query in wire (behind its 2-byte length prefix) for
@@ -125,49 +239,43 @@ func optLast(extra []dns.RR) []dns.RR {
 // OPT is added if it had none and we have options to send), then our keepalive
 // option and a padding option sized to a multiple of block (RFC 8467) are
 // appended. It reports whether the client sent an OPT.
+//
+// A query that our options would push past 65,535 octets is sent without them
+// rather than refused: it fits as the client sent it, the keepalive is only a
+// hint, and padding a message that size hides nothing. The caller refuses one
+// that does not fit even so.
 func rewriteOPT(wire []byte, block int, keepalive bool) ([]byte, bool, error) {
-	msg := wire[2:]
-	optAt, notLast := -1, false // offset of the OPT's RDLENGTH
-	err := walkRRs(msg, func(rrtype uint16, rdlenAt int, _ []byte) {
-		switch {
-		case rrtype == dns.TypeOPT:
-			optAt = rdlenAt
-		case optAt >= 0:
-			notLast = true
-		}
-	})
-	switch {
-	case err != nil:
+	optAt, err := findOPT(wire[2:])
+	if err != nil {
 		return nil, false, err
-	case notLast:
-		return nil, false, errOPTNotLast
 	}
 	clientOPT := optAt >= 0
+	if clientOPT {
+		if wire, err = cutClientOptions(wire, optAt); err != nil {
+			return nil, false, err
+		}
+	}
+	ours := 0 // the octets our options add, padding aside
+	if keepalive {
+		ours += 4
+	}
+	if block > 0 {
+		ours += 4
+	}
+	if !clientOPT && ours > 0 {
+		ours += 11
+	}
+	if len(wire)-2+ours > dns.MaxMsgSize {
+		block, keepalive = 0, false
+	}
 	if !clientOPT && block == 0 && !keepalive {
 		return wire, false, nil
 	}
-	if clientOPT {
-		// The OPT is last, so its options run to the end: compact the ones we keep.
-		out := optAt + 2
-		for off := out; off < len(msg); {
-			if off+4 > len(msg) {
-				return nil, false, errTruncatedMsg
-			}
-			end := off + 4 + int(binary.BigEndian.Uint16(msg[off+2:]))
-			if end > len(msg) {
-				return nil, false, errTruncatedMsg
-			}
-			if !hopByHop(binary.BigEndian.Uint16(msg[off:])) {
-				out += copy(msg[out:], msg[off:end])
-			}
-			off = end
-		}
-		wire = wire[:2+out]
-	} else {
+	if !clientOPT {
 		// Root name, type OPT, a 1232-byte buffer, no extended flags, no rdata yet.
 		wire = append(wire, 0, 0, 41, 1232>>8, 1232&0xff, 0, 0, 0, 0, 0, 0)
 		optAt = len(wire) - 2 - 2
-		msg = wire[2:]
+		msg := wire[2:]
 		binary.BigEndian.PutUint16(msg[10:], binary.BigEndian.Uint16(msg[10:])+1)
 	}
 	if keepalive {
@@ -178,13 +286,74 @@ func rewriteOPT(wire []byte, block int, keepalive bool) ([]byte, bool, error) {
 		n := len(wire) - 2
 		pad := (block - n%block) % block
 		if n+pad > dns.MaxMsgSize {
-			pad = 0
+			pad = 0 // padding never pushes the query past the limit
 		}
 		binary.BigEndian.PutUint16(wire[len(wire)-2:], uint16(pad))
 		wire = append(wire, make([]byte, pad)...)
 	}
 	binary.BigEndian.PutUint16(wire[2+optAt:], uint16(len(wire)-2-optAt-2))
 	return wire, clientOPT, nil
+}
+
+// findOPT returns the offset of the RDLENGTH of msg's OPT, or -1 if it has none.
+// It fails with errRepack if the OPT is not the last record or a transaction
+// signature is to be removed (both in the additional section), and with
+// errMetaRecord for an OPT or signature elsewhere, or a second OPT: the packed
+// message is what the upstream would see, so it is checked whatever the dns.Msg
+// claimed.
+func findOPT(msg []byte) (int, error) {
+	if len(msg) < 12 {
+		return -1, errTruncatedMsg
+	}
+	additional := int(binary.BigEndian.Uint16(msg[6:])) + int(binary.BigEndian.Uint16(msg[8:])) // index of the first
+	optAt, i := -1, 0
+	var notLast, signed, misplaced bool
+	err := walkRRs(msg, func(rrtype uint16, rdlenAt int, rdata []byte) {
+		inAdditional := i >= additional
+		i++
+		switch {
+		case rrtype == dns.TypeOPT:
+			misplaced = misplaced || !inAdditional || optAt >= 0
+			optAt = rdlenAt
+		case signature(rrtype, rdata):
+			misplaced = misplaced || !inAdditional
+			signed = true
+		case optAt >= 0:
+			notLast = true
+		}
+	})
+	switch {
+	case err != nil:
+		return -1, err
+	case misplaced:
+		return -1, errMetaRecord
+	case notLast || signed:
+		return -1, errRepack
+	}
+	return optAt, nil
+}
+
+// cutClientOptions removes the hop-by-hop options from the client's OPT, the last
+// record of the message in wire, whose RDLENGTH is at optAt (in the message). The
+// RDLENGTH is left for the caller to set.
+func cutClientOptions(wire []byte, optAt int) ([]byte, error) {
+	msg := wire[2:]
+	// The OPT is last, so its options run to the end: compact the ones we keep.
+	out := optAt + 2
+	for off := out; off < len(msg); {
+		if off+4 > len(msg) {
+			return nil, errTruncatedMsg
+		}
+		end := off + 4 + int(binary.BigEndian.Uint16(msg[off+2:]))
+		if end > len(msg) {
+			return nil, errTruncatedMsg
+		}
+		if !hopByHop(binary.BigEndian.Uint16(msg[off:])) {
+			out += copy(msg[out:], msg[off:end])
+		}
+		off = end
+	}
+	return wire[:2+out], nil
 }
 
 // nameLen returns the length of the (possibly compressed) name at msg[off:].
@@ -251,27 +420,41 @@ func walkRRs(msg []byte, fn func(rrtype uint16, rdlenAt int, rdata []byte)) erro
 var (
 	errTruncatedMsg = errors.New("message truncated")
 	errBadLabel     = errors.New("bad label type")
-	errZoneTransfer = fmt.Errorf("%w: zone transfer", ErrBadQuery)
 	errBadQuestion  = fmt.Errorf("%w: bad question", ErrBadQuery)
+	errTooLarge     = fmt.Errorf("%w: longer than 65,535 octets", ErrBadQuery)
+	errNilRecord    = errors.New("nil record")
+	errMetaRecord   = errors.New("OPT or signature misplaced, or its Go type not its type")
+	errTwoOPTs      = errors.New("more than one OPT")
 )
 
-// wrap and questionCount build errors out of line: the hot path's stack frames stay
-// small, which keeps CoreDNS's per-request goroutines from growing their stacks
-// (a copy that costs several microseconds per query).
+// wrap, badQuery and questionCount build errors out of line: the hot path's stack
+// frames stay small, which keeps CoreDNS's per-request goroutines from growing
+// their stacks (a copy that costs several microseconds per query).
 //
 //go:noinline
 func wrap(sentinel, err error) error { return fmt.Errorf("%w: %w", sentinel, err) }
+
+// badQuery wraps err in ErrBadQuery unless it already is one.
+//
+//go:noinline
+func badQuery(err error) error {
+	if errors.Is(err, ErrBadQuery) {
+		return err
+	}
+	return wrap(ErrBadQuery, err)
+}
 
 //go:noinline
 func questionCount(sentinel error, n int) error { return fmt.Errorf("%w: %d questions", sentinel, n) }
 
 // answers reports whether resp (a DNS message without length prefix) is a response
 // carrying exactly the question q asked: QR set, one question, the same name
-// compared case-insensitively, the same type and class. It works on the wire, so the
-// reader can drop mismatches without unpacking (RFC 7766 §7).
+// compared case-insensitively, the same type and class; or an error without a
+// question (see errorWithoutQuestion). It works on the wire, so the reader can drop
+// mismatches without unpacking (RFC 7766 §7).
 func answers(resp, question []byte) bool {
 	if len(resp) < 12+len(question) || resp[2]&0x80 == 0 || binary.BigEndian.Uint16(resp[4:]) != 1 {
-		return false
+		return errorWithoutQuestion(resp)
 	}
 	got := resp[12 : 12+len(question)]
 	for i, b := range question {
@@ -287,6 +470,31 @@ func answers(resp, question []byte) bool {
 	return got[n-4] == question[n-4] && got[n-3] == question[n-3] && got[n-2] == question[n-2] && got[n-1] == question[n-1]
 }
 
+// errorWithoutQuestion reports whether resp is an error answer without a question
+// section. RFC 7766 §7 matches the question only if the response has one, and
+// servers do answer a query they refuse or cannot parse with the header alone. Such
+// an answer is taken, on its ID, only if it can carry nothing but the error: QR set,
+// a non-zero rcode in the header, no answer or authority records, and in the
+// additional section at most an OPT (with an extended error, say). A NOERROR
+// without a question could be the answer to any query, and is dropped.
+//
+//go:noinline
+func errorWithoutQuestion(resp []byte) bool {
+	if len(resp) < 12 || resp[2]&0x80 == 0 || resp[3]&0x0F == 0 {
+		return false
+	}
+	if resp[4]|resp[5]|resp[6]|resp[7]|resp[8]|resp[9] != 0 { // QDCOUNT, ANCOUNT, NSCOUNT
+		return false
+	}
+	switch binary.BigEndian.Uint16(resp[10:]) {
+	case 0:
+		return true
+	case 1: // the root name, then type OPT
+		return len(resp) >= 12+11 && resp[12] == 0 && binary.BigEndian.Uint16(resp[13:]) == dns.TypeOPT
+	}
+	return false
+}
+
 func lower(c byte) byte {
 	if 'A' <= c && c <= 'Z' {
 		return c + 'a' - 'A'
@@ -295,8 +503,8 @@ func lower(c byte) byte {
 }
 
 // finishAnswer unpacks an upstream answer for the caller: the caller's ID and
-// question case, hop-by-hop options removed, and no OPT at all if the client sent
-// none. It also returns the server's RFC 7828 keepalive timeout in units of 100ms,
+// question (also for an error answer that came without one), hop-by-hop options
+// and transaction signatures removed, and no OPT at all if the client sent none. It also returns the server's RFC 7828 keepalive timeout in units of 100ms,
 // or -1 if the answer carried none.
 //
 // frame must have passed answers(frame, q.question), and it is edited in place.
@@ -322,11 +530,14 @@ func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 	r.Id = q.origID
 	u := unpacker{
 		msg:       frame,
-		off:       12 + n,
+		off:       12,
 		name:      q.name,
-		sameName:  string(frame[12:12+n]) == string(q.question),
 		clientOPT: q.clientOPT,
 		keepalive: -1,
+	}
+	if binary.BigEndian.Uint16(frame[4:]) != 0 { // else an error without a question
+		u.off += n
+		u.sameName = string(frame[12:12+n]) == string(q.question)
 	}
 	if err := u.sections(r, a.rrs[:0]); err != nil {
 		return nil, -1, wrap(ErrMalformed, err)
@@ -375,7 +586,7 @@ func (u *unpacker) sections(r *dns.Msg, room []dns.RR) error {
 				return err
 			}
 			if rr == nil {
-				continue // an OPT the client does not get
+				continue // an OPT the client does not get, or a signature
 			}
 			if o, ok := rr.(*dns.OPT); ok && i == 2 {
 				opt = o
@@ -404,7 +615,9 @@ func section(s []dns.RR) []dns.RR {
 
 // record unpacks the record at u.off. In the additional section an OPT loses its
 // hop-by-hop options (their keepalive is noted) and is dropped, as nil, if the
-// client sent no OPT.
+// client sent no OPT. A transaction signature is dropped in any section: it signs
+// the connection-local ID, not the caller's, and the client's own signature never
+// went upstream (see prepareQuery).
 func (u *unpacker) record(additional bool) (dns.RR, error) {
 	var h dns.RR_Header
 	var err error
@@ -425,6 +638,9 @@ func (u *unpacker) record(additional bool) (dns.RR, error) {
 		return nil, errTruncatedMsg
 	}
 	u.off = end
+	if signature(h.Rrtype, m[rd:end]) {
+		return nil, nil
+	}
 	if additional && h.Rrtype == dns.TypeOPT {
 		n, err := u.cutHopByHop(m[rd:end])
 		if err != nil || !u.clientOPT {

@@ -141,6 +141,9 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 	buf := c.wbuf[:0]
 	c.bc.begin()
 	for _, cl := range batch {
+		if !cl.q.framed() {
+			continue // never sent: left queued, its caller or the sweeper gives it up
+		}
 		if !cl.state.CompareAndSwap(callQueued, callSent) {
 			continue
 		}
