@@ -725,7 +725,7 @@ func TestDashboardMetrics(t *testing.T) {
 	}
 }
 
-func TestCheckQuery(t *testing.T) {
+func TestDocCheckPromQL(t *testing.T) {
 	defs := map[string]docMetricDef{
 		"coredns_dotforward_requests_total":           {labels: []string{"to"}},
 		"coredns_dotforward_request_duration_seconds": {labels: []string{"to"}, histogram: true},
