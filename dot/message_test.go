@@ -204,7 +204,9 @@ func TestPaddingOnTheWireAndKeepalive(t *testing.T) {
 			return r
 		},
 	})
-	p, rec := newTestPool(t, s, nil)
+	// An idle timeout far above the server's: only its keepalive can close the
+	// connection within the test.
+	p, rec := newTestPool(t, s, func(c *Config) { c.IdleTimeout = time.Hour })
 	for _, name := range []string{"a.example.", "a-much-longer-name-for-another-size.example.org."} {
 		r, err := exchange(p, name)
 		if err != nil {
@@ -221,6 +223,13 @@ func TestPaddingOnTheWireAndKeepalive(t *testing.T) {
 		}
 	}
 	mu.Unlock()
+	c := (*p.conns.Load())[0]
+	c.mu.Lock()
+	idle := c.idle
+	c.mu.Unlock()
+	if want := 300 * time.Millisecond * 3 / 4; idle != want {
+		t.Errorf("Idle timeout after the server's 300ms keepalive = %v, want %v", idle, want)
+	}
 	waitFor(t, "the idle close before the server's keepalive", func() bool {
 		return rec.get(func(r *recorder) int { return r.closes[CloseIdle] }) == 1
 	})
