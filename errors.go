@@ -16,5 +16,5 @@ var (
 	// OnStartup or after OnShutdown.
 	ErrNotStarted = errors.New("upstream not started")
 
-	errNotTLS = errors.New("dotforward only forwards over TLS: write the upstream as tls://IP[%NAME][:PORT]")
+	errNotTLS = errors.New("dotforward only forwards over TLS")
 )
