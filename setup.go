@@ -24,7 +24,13 @@ import (
 	"github.com/miekg/dns"
 )
 
-func init() { plugin.Register("dotforward", setup) }
+func init() {
+	plugin.Register("dotforward", setup)
+	// CoreDNS refuses queries of a class other than IN (CH, ANY, NONE) unless a
+	// plugin of the server block is listed here. forward is, and a forwarder has
+	// no reason to refuse them: the upstream answers (version.bind CH TXT).
+	dnsserver.EnableChaos["dotforward"] = struct{}{}
+}
 
 // setup parses every dotforward line of a server block and chains the instances:
 // like forward, a query that does not match one line's FROM (or matches its

@@ -313,6 +313,14 @@ func TestSetupRegisters(t *testing.T) {
 	}
 }
 
+// CoreDNS passes queries of a class other than IN (CH, ANY, NONE) only to server
+// blocks with a plugin named in dnsserver.EnableChaos; forward is one.
+func TestChaosClassEnabled(t *testing.T) {
+	if _, ok := dnsserver.EnableChaos["dotforward"]; !ok {
+		t.Error("Expected dotforward in dnsserver.EnableChaos, as forward is")
+	}
+}
+
 // FuzzParse checks that no input makes the parser panic; the seeds are the table.
 func FuzzParse(f *testing.F) {
 	for _, tc := range setupCases(f) {
