@@ -84,7 +84,7 @@ func (f *DoTForward) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	// A deadline rather than a context with a timeout: no timer per query.
 	ret, err := f.forward(ctx, r, time.Now().Add(f.timeout))
 	if err != nil {
-		return errorRcode(err), plugin.Error(f.Name(), err)
+		return errorRcode(err), plugin.Error(f.Name(), untaggedError{err})
 	}
 	if err := w.WriteMsg(ret); err != nil {
 		return dns.RcodeSuccess, plugin.Error(f.Name(), err)
@@ -308,7 +308,7 @@ func (f *DoTForward) OnStartup() error {
 	for _, u := range f.upstreams {
 		if err := u.start(); err != nil {
 			_ = f.OnShutdown()
-			return plugin.Error(f.Name(), err)
+			return plugin.Error(f.Name(), untaggedError{err})
 		}
 	}
 	f.started.Store(true)

@@ -155,7 +155,7 @@ func (u *upstream) markFailed(err error) {
 func (u *upstream) markDown(err error) {
 	if !u.down.Swap(true) {
 		u.obs.setHealthy(false)
-		log.Warningf("Upstream %s is down: %v", u.addr, err)
+		log.Warningf("Upstream %s is down: %s", u.addr, untagged(err))
 	}
 }
 
