@@ -56,11 +56,14 @@ func (p *prober) run() {
 }
 
 // probe sends one probe and records its outcome. Any answer counts, whatever its
-// rcode: the upstream is reachable and speaks DNS. While the pool is in dial
-// backoff it answers ErrUnavailable without trying; that is no new evidence and
-// is not counted again (the failed dial was).
+// rcode: the upstream is reachable and speaks DNS. The pool answers ErrUnavailable
+// without sending anything, both while it waits out its dial backoff and when the
+// dial the probe waited for failed. Only the latter tried the upstream and counts
+// as a failed health check; neither is new health evidence, since the pool
+// reported the failed dial itself.
 func (p *prober) probe() error {
 	pool := p.u.pool.Load()
+	dials := p.u.obs.failedDials.Load()
 	ctx, cancel := context.WithTimeout(p.ctx, p.u.readTimeout())
 	defer cancel()
 	_, err := pool.Exchange(ctx, p.msg)
@@ -70,7 +73,11 @@ func (p *prober) probe() error {
 	case p.ctx.Err() != nil:
 		return err // stopping
 	case errors.Is(err, dot.ErrUnavailable):
-		p.u.obs.HealthCheckFailed()
+		// The pool reports a failed dial (Dialed) before it wakes the callers
+		// waiting for it, so the count has moved if this probe's dial failed.
+		if p.u.obs.failedDials.Load() != dials {
+			p.u.obs.HealthCheckFailed()
+		}
 	default:
 		p.u.obs.HealthCheckFailed()
 		p.u.markFailed(err)

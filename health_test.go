@@ -155,3 +155,24 @@ func countProbes(n *atomic.Int64) func(wire []byte) {
 		}
 	}
 }
+
+// healthcheck_failures_total counts the probes that tried the upstream. A probe
+// that finds the pool waiting out its reconnect backoff sends nothing and is not
+// counted; the probe whose dial failed is. Against an unreachable upstream probed
+// every 10ms, that is one failure per failed dial, not one per tick.
+func TestHealthCheckFailuresCountProbesThatTried(t *testing.T) {
+	cert := testCert(t)
+	dead := deadAddr(t, cert)
+	failures, dialErrors := healthcheckFailures.WithLabelValues(dead), dialsTotal.WithLabelValues(dead, "error")
+	failures0, dials0 := metricValue(t, failures), metricValue(t, dialErrors)
+	f := newForward(t, cert, "health_check 10ms\nmax_fails 1", dead)
+	waitFor(t, "three failed dials", func() bool { return metricValue(t, dialErrors)-dials0 >= 3 })
+	if err := f.OnShutdown(); err != nil {
+		t.Fatalf("Shutting down: %v", err)
+	}
+	// Closing the pool may fail a dial no probe waits for any more: one more dial.
+	fails, dials := metricValue(t, failures)-failures0, metricValue(t, dialErrors)-dials0
+	if fails > dials || fails < dials-1 {
+		t.Errorf("Expected one health check failure per failed dial, got %v failures for %v failed dials", fails, dials)
+	}
+}

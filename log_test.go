@@ -1,5 +1,58 @@
 package dotforward
 
-import clog "github.com/coredns/coredns/plugin/pkg/log"
+import (
+	"errors"
+	"fmt"
+	golog "log"
+	"strings"
+	"testing"
+
+	clog "github.com/coredns/coredns/plugin/pkg/log"
+
+	"github.com/dotforward/dotforward/dot"
+	"github.com/miekg/dns"
+)
 
 func init() { clog.Discard() }
+
+// The plugin's log lines start with "plugin/dotforward:", so the "dot: " that
+// begins each error of package dot is left out of them; errors.Is still sees
+// the pool's sentinels.
+func TestLogLinesWithoutDotPrefix(t *testing.T) {
+	logs := &lockedBuffer{}
+	prev := golog.Writer()
+	clog.SetOutput(logs)
+	defer clog.SetOutput(prev)
+	u := testUpstreams(1)[0]
+	u.markDown(fmt.Errorf("%w: %w", dot.ErrUnavailable, fmt.Errorf("%w: connection refused", dot.ErrDial)))
+	want := "plugin/dotforward: Upstream " + u.addr + " is down: upstream unavailable: dial failed: connection refused"
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("Expected the log line %q, got %q", want, logs.String())
+	}
+
+	// ServeDNS's errors become log lines of the errors plugin.
+	cert := testCert(t)
+	f := newForward(t, cert, "health_check 0", deadAddr(t, cert))
+	_, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
+	if rcode != dns.RcodeServerFailure || !errors.Is(err, dot.ErrUnavailable) {
+		t.Fatalf("Expected SERVFAIL and dot.ErrUnavailable, got rcode %d, error %v", rcode, err)
+	}
+	if strings.Contains(err.Error(), "dot: ") || !strings.HasPrefix(err.Error(), "plugin/dotforward: ") {
+		t.Errorf("Expected the error prefixed plugin/dotforward only, without dot: tags, got %q", err)
+	}
+}
+
+func TestUntagged(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"dot: pool closed", "pool closed"},
+		{"context canceled (last error: dot: timeout waiting for answer)", "context canceled (last error: timeout waiting for answer)"},
+		{"192.0.2.1:853: dot: connection lost: dot: connection stalled", "192.0.2.1:853: connection lost: connection stalled"},
+		{"name my.dot: dot: dial failed", "name my.dot: dial failed"},
+		{"no tags here", "no tags here"},
+	}
+	for _, tc := range tests {
+		if got := untagged(errors.New(tc.in)); got != tc.want {
+			t.Errorf("untagged(%q): expected %q, got %q", tc.in, tc.want, got)
+		}
+	}
+}

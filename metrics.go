@@ -2,6 +2,7 @@ package dotforward
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/coredns/coredns/plugin"
@@ -99,7 +100,7 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
 		Name:      "healthcheck_failures_total",
-		Help:      "Counter of failed health checks of each upstream.",
+		Help:      "Counter of failed health probes of each upstream; a probe skipped while the pool waits out its reconnect backoff is not one.",
 	}, []string{"to"})
 	healthcheckBroken = promauto.NewCounter(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
@@ -135,7 +136,8 @@ type observer struct {
 	hcFailures    prometheus.Counter
 	noError       prometheus.Counter // the common rcode, bound in advance
 
-	onFailure func(error) // health: the pool reported a failure of the upstream
+	onFailure   func(error)  // health: the pool reported a failure of the upstream
+	failedDials atomic.Int64 // for the prober: did a dial fail while a probe waited?
 }
 
 var _ dot.Observer = (*observer)(nil)
@@ -164,6 +166,7 @@ func newObserver(to string) *observer {
 func (o *observer) Dialed(_ time.Duration, resumed bool, err error) {
 	if err != nil {
 		o.dialsError.Inc()
+		o.failedDials.Add(1)
 		return
 	}
 	o.dialsOK.Inc()

@@ -84,7 +84,7 @@ func (f *DoTForward) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.
 	// A deadline rather than a context with a timeout: no timer per query.
 	ret, err := f.forward(ctx, r, time.Now().Add(f.timeout))
 	if err != nil {
-		return errorRcode(err), plugin.Error(f.Name(), err)
+		return errorRcode(err), plugin.Error(f.Name(), untaggedError{err})
 	}
 	if err := w.WriteMsg(ret); err != nil {
 		return dns.RcodeSuccess, plugin.Error(f.Name(), err)
@@ -145,37 +145,49 @@ func (f *DoTForward) release() {
 }
 
 // forward tries the upstreams in policy order until one answers with an rcode
-// not listed in failover, the attempts run out, the deadline passes or ctx ends. Upstreams that fail
-// with a transient error (timeout, lost connection, failed dial) are tried again
-// on the next pass; ones that are unavailable or answered with a failover rcode
-// are not. If only failover answers came, the last one is returned.
+// not listed in failover, the attempts run out, the deadline passes or ctx ends.
+// Upstreams that fail with a transient error (timeout, lost connection, failed
+// dial) are tried again on the next pass; ones that are unavailable or answered
+// with a failover rcode are not. If only failover answers came, the last one is
+// returned, also when time runs out before another upstream answered.
+//
+// A message other than a QUERY (UPDATE, NOTIFY) may change state upstream, so it
+// is sent at most once: its first answer is returned whatever the rcode, and
+// after a failure it goes to another upstream only if the error proves it was
+// never written (see unsent).
 func (f *DoTForward) forward(ctx context.Context, r *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 	list, err := f.candidates()
 	if err != nil {
 		return nil, err
 	}
-	var last *dns.Msg
+	once := r.Opcode != dns.OpcodeQuery
+	var held *dns.Msg             // the last failover answer
+	var heldFrom, tried *upstream // who sent held; the last upstream tried
 	lastErr := ErrNoHealthy
 	for i, attempts := 0, 0; len(list) > 0 && (f.maxAttempts == 0 || attempts < f.maxAttempts); attempts++ {
-		if err := ctx.Err(); err != nil {
-			return nil, withLast(err, lastErr)
-		}
-		if !time.Now().Before(deadline) {
-			return nil, withLast(context.DeadlineExceeded, lastErr)
+		if err := expired(ctx, deadline); err != nil {
+			lastErr = withLast(err, lastErr)
+			break
 		}
 		i %= len(list)
 		u := list[i]
-		metadata.SetValueFunc(ctx, "dotforward/upstream", u.addrFunc)
+		tried = u
 		ret, err := u.exchange(ctx, r, deadline)
 		switch {
-		case err == nil && !f.failover[ret.Rcode]:
+		case err == nil && (once || !f.failover[ret.Rcode]):
+			setUpstream(ctx, u)
 			return ret, nil
 		case err == nil:
-			last = ret
+			held, heldFrom = ret, u
 		case errors.Is(err, dot.ErrBadQuery):
+			setUpstream(ctx, u)
 			return nil, err
 		default:
 			lastErr = upstreamError(u.addr, err)
+			if once && !unsent(err) {
+				setUpstream(ctx, u)
+				return nil, lastErr
+			}
 			if retryable(err) {
 				i++
 				continue
@@ -183,10 +195,33 @@ func (f *DoTForward) forward(ctx context.Context, r *dns.Msg, deadline time.Time
 		}
 		list = append(list[:i], list[i+1:]...)
 	}
-	if last != nil {
-		return last, nil
+	if held != nil {
+		setUpstream(ctx, heldFrom)
+		return held, nil
 	}
+	setUpstream(ctx, tried)
 	return nil, lastErr
+}
+
+// expired returns the reason to stop trying: ctx ended or the deadline passed.
+func expired(ctx context.Context, deadline time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// setUpstream publishes the dotforward/upstream metadata: the upstream whose answer
+// the client gets or, when none does, the last one tried. It is set once per query,
+// when the outcome is known, so that it never names a later upstream than the one
+// that answered.
+func setUpstream(ctx context.Context, u *upstream) {
+	if u != nil {
+		metadata.SetValueFunc(ctx, "dotforward/upstream", u.addrFunc)
+	}
 }
 
 // withLast and upstreamError build errors out of line, keeping the hot path's stack
@@ -203,6 +238,17 @@ func upstreamError(addr string, err error) error { return fmt.Errorf("%s: %w", a
 // for the same query.
 func retryable(err error) bool {
 	return !errors.Is(err, dot.ErrUnavailable) && !errors.Is(err, dot.ErrPoolClosed) && !errors.Is(err, ErrNotStarted)
+}
+
+// unsent reports whether err proves the query was never written to the upstream:
+// the pool was unavailable (in backoff, or saturated), closed or not started
+// before the query got a connection. A query lost with its connection wraps
+// dot.ErrConnLost, also when the pool closed under it: it may have been written.
+func unsent(err error) bool {
+	if errors.Is(err, dot.ErrConnLost) {
+		return false
+	}
+	return errors.Is(err, dot.ErrUnavailable) || errors.Is(err, dot.ErrPoolClosed) || errors.Is(err, ErrNotStarted)
 }
 
 // candidates returns the upstreams to try, in policy order, without the down
@@ -254,7 +300,7 @@ func (f *DoTForward) OnStartup() error {
 	for _, u := range f.upstreams {
 		if err := u.start(); err != nil {
 			_ = f.OnShutdown()
-			return plugin.Error(f.Name(), err)
+			return plugin.Error(f.Name(), untaggedError{err})
 		}
 	}
 	f.started.Store(true)

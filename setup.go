@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +24,13 @@ import (
 	"github.com/miekg/dns"
 )
 
-func init() { plugin.Register("dotforward", setup) }
+func init() {
+	plugin.Register("dotforward", setup)
+	// CoreDNS refuses queries of a class other than IN (CH, ANY, NONE) unless a
+	// plugin of the server block is listed here. forward is, and a forwarder has
+	// no reason to refuse them: the upstream answers (version.bind CH TXT).
+	dnsserver.EnableChaos["dotforward"] = struct{}{}
+}
 
 // setup parses every dotforward line of a server block and chains the instances:
 // like forward, a query that does not match one line's FROM (or matches its
@@ -137,7 +145,7 @@ func parseTargets(c *caddy.Controller, to []string) ([]target, error) {
 func parseTarget(s string) (target, error) {
 	rest, ok := strings.CutPrefix(s, "tls://")
 	if !ok {
-		return target{}, errNotTLS
+		return target{}, notTLS(s)
 	}
 	host, name, port, err := splitTarget(rest)
 	if err != nil {
@@ -145,13 +153,18 @@ func parseTarget(s string) (target, error) {
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil || ip.Zone() != "" {
-		return target{}, fmt.Errorf("%q is not an IP address (dotforward does not resolve host names)", host)
+		return target{}, notAnIP(host, name, port)
+	}
+	if !strings.HasPrefix(rest, "[") {
+		if err := checkUnbracketed(host, name); err != nil {
+			return target{}, err
+		}
 	}
 	if port == "" {
 		port = "853"
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return target{}, fmt.Errorf("invalid port %q", port)
+	if err := checkPort(port); err != nil {
+		return target{}, err
 	}
 	if name != "" {
 		if _, ok := dns.IsDomainName(name); !ok || strings.ContainsAny(name, "[]:/% ") {
@@ -207,6 +220,94 @@ func splitTarget(s string) (host, name, port string, err error) {
 		}
 	}
 	return host, name, port, checkName(s, name)
+}
+
+// notTLS refuses an upstream that is not tls://, showing the tls:// form of its
+// address when it has one (dns://9.9.9.9, 9.9.9.9:53).
+func notTLS(s string) error {
+	ip := "IP"
+	if a, ok := plainAddr(strings.TrimPrefix(s, "dns://")); ok {
+		ip = a.String()
+		if a.Is6() {
+			ip = "[" + ip + "]"
+		}
+	}
+	return fmt.Errorf("%w: write the upstream as tls://%s%%NAME (NAME: the name its certificate is for) or pin its key with tls_pin", errNotTLS, ip)
+}
+
+// plainAddr parses "IP" or "IP:port" (IPv6 in brackets with a port).
+func plainAddr(s string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr(), true
+	}
+	a, err := netip.ParseAddr(s)
+	return a, err == nil && a.Zone() == ""
+}
+
+// notAnIP refuses a host that is not an IP address; for a host name it shows the
+// form that names the server by its IP address and verifies the host name.
+func notAnIP(host, name, port string) error {
+	if !isHostName(host) {
+		return fmt.Errorf("%q is not an IP address (dotforward does not resolve host names)", host)
+	}
+	if name == "" {
+		name = host
+	}
+	if port != "" {
+		name += ":" + port
+	}
+	return fmt.Errorf("%q is not an IP address, and dotforward does not resolve host names: write the server's IP address with the name its certificate is for after %%, as tls://IP%%%s", host, name)
+}
+
+// isHostName reports whether s looks like a host name: labels of letters, digits
+// and hyphens, at least one letter.
+func isHostName(s string) bool {
+	if _, ok := dns.IsDomainName(s); !ok || strings.Trim(s, ".") == "" {
+		return false
+	}
+	letter := false
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+			letter = true
+		case c >= '0' && c <= '9', c == '-', c == '.':
+		default:
+			return false
+		}
+	}
+	return letter
+}
+
+// checkUnbracketed refuses an IPv6 address written without brackets whose last
+// group could be a port: ::1:853 is the address ::1:853, or port 853 of ::1.
+func checkUnbracketed(host, name string) error {
+	i := strings.LastIndexByte(host, ':')
+	if i < 0 || checkPort(host[i+1:]) != nil {
+		return nil
+	}
+	if a, err := netip.ParseAddr(host[:i]); err != nil || !a.Is6() {
+		return nil
+	}
+	if name != "" {
+		name = "%" + name
+	}
+	return fmt.Errorf("%q is ambiguous: write IPv6 addresses in brackets, tls://[%s]%s:%s for port %s of %s, or tls://[%s]%s for the address %s",
+		host, host[:i], name, host[i+1:], host[i+1:], host[:i], host, name, host)
+}
+
+// checkPort accepts a port in plain decimal from 1 to 65535, without sign or
+// leading zero, so that a Corefile value means one thing to every reader.
+func checkPort(port string) error {
+	ok := port != "" && len(port) <= 5 && port[0] != '0'
+	for i := 0; ok && i < len(port); i++ {
+		ok = port[i] >= '0' && port[i] <= '9'
+	}
+	if ok {
+		if n, _ := strconv.Atoi(port); n <= 65535 {
+			return nil
+		}
+	}
+	return fmt.Errorf("invalid port %q: write it in plain decimal from 1 to 65535, such as 853", port)
 }
 
 func checkName(s, name string) error {
@@ -334,6 +435,9 @@ func parseOption(c *caddy.Controller, o *options) error {
 	}
 	parse, ok := optionTable[name]
 	if !ok {
+		if near := nearestOption(name); near != "" {
+			return c.Errf("unknown property %q; did you mean %q?", name, near)
+		}
 		return c.Errf("unknown property %q", name)
 	}
 	if first, dup := o.seen[name]; dup && !repeatable[name] {
@@ -341,6 +445,50 @@ func parseOption(c *caddy.Controller, o *options) error {
 	}
 	o.seen[name] = posOf(c)
 	return parse(c, o)
+}
+
+// nearestOption returns the known option an unknown name was probably meant to be:
+// the closest within two edits (case aside), else the only option that the name
+// starts or is the start of (at least 4 letters in common); "" if none.
+func nearestOption(name string) string {
+	name = strings.ToLower(name)
+	best, bestDist := "", 3
+	var prefixed []string
+	for _, known := range slices.Sorted(maps.Keys(optionTable)) {
+		if d := editDistance(name, known); d < bestDist {
+			best, bestDist = known, d
+		}
+		short := min(len(name), len(known))
+		if short >= 4 && name[:short] == known[:short] {
+			prefixed = append(prefixed, known)
+		}
+	}
+	if best == "" && len(prefixed) == 1 {
+		best = prefixed[0]
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b: the fewest single-byte
+// insertions, deletions and substitutions that turn a into b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1) // distances from a[:i-1] to each prefix of b
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func flagOption(set func(*options)) optionFunc {

@@ -33,6 +33,7 @@ type setupCase struct {
 	input string
 	root  string   // the root plugin's directory, for relative tls paths
 	err   []string // substrings the error must contain; nil: the input is valid
+	not   []string // substrings the error must not contain
 	check func(t *testing.T, fs []*DoTForward)
 }
 
@@ -243,6 +244,26 @@ func setupCases(t testing.TB) []setupCase {
 		{name: "except without zone", input: "dotforward . " + cf + " {\nexcept\n}", err: []string{"Wrong argument count"}},
 		{name: "error on a later line", input: "dotforward . " + cf + " {\n  policy random\n  max_fails 2\n  expire 1x\n}", err: []string{"Testfile:4", `expire: "1x" is not a duration`}},
 		{name: "error in the second line", input: "dotforward example.org " + cf + "\ndotforward . dns://9.9.9.9", err: []string{"Testfile:2", "only forwards over TLS"}},
+
+		// Errors that show the fix.
+		{name: "port with a sign", input: "dotforward . tls://1.1.1.1%a.example:+853", err: []string{"Testfile:1", `"tls://1.1.1.1%a.example:+853"`, `invalid port "+853"`, "plain decimal from 1 to 65535"}},
+		{name: "port with a leading zero", input: "dotforward . tls://1.1.1.1:0853", err: []string{"Testfile:1", `"tls://1.1.1.1:0853"`, `invalid port "0853"`, "plain decimal"}},
+		{name: "port 0", input: "dotforward . tls://1.1.1.1:0", err: []string{`invalid port "0"`}},
+		{name: "IPv6 port with a leading zero", input: "dotforward . tls://[::1]:0853", err: []string{`invalid port "0853"`}},
+		{name: "IPv6 with a port, no brackets", input: "dotforward . tls://::1:853", err: []string{"Testfile:1", `"tls://::1:853"`, "ambiguous", "tls://[::1]:853"}},
+		{name: "IPv6 with a port and name, no brackets", input: "dotforward . tls://2001:db8::1:853%dns.example", err: []string{`"tls://2001:db8::1:853%dns.example"`, "ambiguous", "tls://[2001:db8::1]%dns.example:853"}},
+		{name: "host name", input: "dotforward . tls://dns.google", err: []string{"Testfile:1", `"tls://dns.google"`, "does not resolve host names", "tls://IP%dns.google"}},
+		{name: "host name with port", input: "dotforward . tls://dns.google:8853", err: []string{`"tls://dns.google:8853"`, "tls://IP%dns.google:8853"}},
+		{name: "host name with server name", input: "dotforward . tls://resolver.example%dns.example", err: []string{`"resolver.example" is not an IP address`, "tls://IP%dns.example"}},
+		{name: "dns upstream shows the tls form", input: "dotforward . dns://9.9.9.9", err: []string{"Testfile:1", `"dns://9.9.9.9"`, "tls://9.9.9.9%NAME", "the name its certificate is for", "tls_pin"}},
+		{name: "plain upstream shows the tls form", input: "# upstreams\ndotforward . 9.9.9.9:53", err: []string{"Testfile:2", `"9.9.9.9:53"`, "tls://9.9.9.9%NAME", "tls_pin"}},
+		{name: "plain IPv6 upstream shows the tls form", input: "dotforward . dns://[2620:fe::fe]:53", err: []string{"tls://[2620:fe::fe]%NAME"}},
+		{name: "https upstream shows the tls form", input: "dotforward . https://dns.google/dns-query", err: []string{"tls://IP%NAME"}},
+		{name: "option close to a known one", input: "dotforward . " + cf + " {\n tls_server_name dns.example\n}", err: []string{"Testfile:2", `unknown property "tls_server_name"`, `did you mean "tls_servername"?`}},
+		{name: "option one letter short", input: "dotforward . " + cf + " {\nmax_fail 3\n}", err: []string{`unknown property "max_fail"`, `did you mean "max_fails"?`}},
+		{name: "option prefix", input: "dotforward . " + cf + " {\nhealth 1s\n}", err: []string{`unknown property "health"`, `did you mean "health_check"?`}},
+		{name: "option in capitals", input: "dotforward . " + cf + " {\nPOLICY random\n}", err: []string{`did you mean "policy"?`}},
+		{name: "option far from any", input: "dotforward . " + cf + " {\nbogus 1\n}", err: []string{`unknown property "bogus"`}, not: []string{"did you mean"}},
 	}
 }
 
@@ -267,6 +288,11 @@ func TestSetup(t *testing.T) {
 					t.Errorf("Expected the error to contain %q, got %q", want, err)
 				}
 			}
+			for _, unwanted := range tc.not {
+				if strings.Contains(err.Error(), unwanted) {
+					t.Errorf("Expected the error not to contain %q, got %q", unwanted, err)
+				}
+			}
 		})
 	}
 }
@@ -284,6 +310,14 @@ func TestSetupRegisters(t *testing.T) {
 	}
 	if n := len(dnsserver.GetConfig(c).Plugin); n != 2 {
 		t.Errorf("Expected two handlers added, got %d", n)
+	}
+}
+
+// CoreDNS passes queries of a class other than IN (CH, ANY, NONE) only to server
+// blocks with a plugin named in dnsserver.EnableChaos; forward is one.
+func TestChaosClassEnabled(t *testing.T) {
+	if _, ok := dnsserver.EnableChaos["dotforward"]; !ok {
+		t.Error("Expected dotforward in dnsserver.EnableChaos, as forward is")
 	}
 }
 

@@ -99,11 +99,21 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 	u.obs.begin()
 	u.inflight.Add(1)
 	start := time.Now()
+	var ret *dns.Msg
+	var end time.Time
+	// Deferred, so that a panic in the pool, which CoreDNS recovers per query, does
+	// not leave the query counted in flight for good: the latency policy and the
+	// inflight gauge read that count.
+	defer func() {
+		if end.IsZero() { // panicking
+			end = time.Now()
+		}
+		u.inflight.Add(-1)
+		u.obs.end(end.Sub(start), ret)
+	}()
 	ret, err := p.ExchangeDeadline(ctx, r, deadline)
-	end := time.Now()
+	end = time.Now()
 	took := end.Sub(start)
-	u.inflight.Add(-1)
-	u.obs.end(took, ret)
 	if err != nil {
 		// When the caller's deadline or cancellation cut the attempt short, the
 		// pool may report it as its own timeout: neither says anything about the
@@ -145,7 +155,7 @@ func (u *upstream) markFailed(err error) {
 func (u *upstream) markDown(err error) {
 	if !u.down.Swap(true) {
 		u.obs.setHealthy(false)
-		log.Warningf("Upstream %s is down: %v", u.addr, err)
+		log.Warningf("Upstream %s is down: %s", u.addr, untagged(err))
 	}
 }
 
