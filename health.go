@@ -1,101 +1,67 @@
 package dotforward
 
 import (
-	"context"
-	"errors"
+	"sync/atomic"
 	"time"
-
-	"github.com/dotforward/dotforward/dot"
-	"github.com/miekg/dns"
 )
 
-// prober sends active health probes for one upstream, through its pool (so a probe
-// rides an open connection instead of paying a TLS handshake): once at startup,
-// then every health_check interval while the upstream is suspect or down.
-type prober struct {
-	u      *upstream
-	msg    *dns.Msg // never modified: the pool packs it without touching it
-	ctx    context.Context
-	cancel context.CancelFunc
-	first  chan struct{} // closed once the first round has finished
-	done   chan struct{} // closed when run returns
+// health is whether an upstream is up. It is down after maxFails consecutive
+// failures and back up at its next answer. Failures are failed health probes and
+// the pool's own signals (dot.Observer.Failed: a failed dial or handshake, a
+// connection that carried a query and died before its first answer, a stalled
+// connection); a slow answer or a lost query on a live connection is not one.
+//
+// All fields are atomics: the hot path reads down, and the pool, the prober and
+// the queries' goroutines write.
+type health struct {
+	addr     string
+	maxFails int32 // 0: never down
+	gauge    func(up bool)
+
+	fails       atomic.Int32 // consecutive failures since the last answer
+	down        atomic.Bool
+	lastFail    atomic.Int64 // unix ns of the last failure
+	failedDials atomic.Int64 // dials that failed, for the prober (see prober.probe)
 }
 
-func newProber(u *upstream) *prober {
-	m := new(dns.Msg)
-	m.SetQuestion(u.hc.domain, dns.TypeNS)
-	m.RecursionDesired = !u.hc.noRec
-	ctx, cancel := context.WithCancel(context.Background())
-	return &prober{u: u, msg: m, ctx: ctx, cancel: cancel, first: make(chan struct{}), done: make(chan struct{})}
+func newHealth(addr string, maxFails int, gauge func(up bool)) *health {
+	return &health{addr: addr, maxFails: int32(min(maxFails, 1<<30)), gauge: gauge}
 }
 
-func (p *prober) run() {
-	defer close(p.done)
-	// An upstream that fails its very first probe starts down, so that it is
-	// skipped from the first client query on rather than after max_fails of them.
-	if err := p.probe(); err != nil {
-		p.u.markDown(err)
-	}
-	close(p.first)
-	t := time.NewTicker(p.u.hc.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.ctx.Done():
-			return
-		case <-t.C:
-			// Only a suspect (a failure seen since the last answer) or down upstream
-			// is probed. A healthy one is left alone: client answers prove its health,
-			// the pool reports its failures, and probing an idle upstream would keep
-			// a connection open forever and load a public resolver for nothing.
-			if p.u.Down() || p.u.fails.Load() > 0 {
-				p.probe()
-			}
-		}
+// isDown reports whether queries should skip the upstream.
+func (h *health) isDown() bool { return h.down.Load() }
+
+// suspect reports whether a failure was seen since the last answer.
+func (h *health) suspect() bool { return h.fails.Load() > 0 }
+
+// lastFailure returns when the upstream last failed (unix ns), 0 if never.
+func (h *health) lastFailure() int64 { return h.lastFail.Load() }
+
+// failure counts one consecutive failure; at maxFails the upstream is down.
+func (h *health) failure(err error) {
+	h.lastFail.Store(time.Now().UnixNano())
+	n := h.fails.Add(1)
+	if h.maxFails > 0 && n >= h.maxFails {
+		h.setDown(err)
 	}
 }
 
-// probe sends one probe and records its outcome. Any answer counts, whatever its
-// rcode: the upstream is reachable and speaks DNS. The pool answers ErrUnavailable
-// without sending anything, both while it waits out its dial backoff and when the
-// dial the probe waited for failed. Only the latter tried the upstream and counts
-// as a failed health check; neither is new health evidence, since the pool
-// reported the failed dial itself.
-func (p *prober) probe() error {
-	pool := p.u.pool.Load()
-	dials := p.u.obs.failedDials.Load()
-	ctx, cancel := context.WithTimeout(p.ctx, p.u.readTimeout())
-	defer cancel()
-	_, err := pool.Exchange(ctx, p.msg)
-	switch {
-	case err == nil:
-		p.u.markUp()
-	case p.ctx.Err() != nil:
-		return err // stopping
-	case errors.Is(err, dot.ErrUnavailable):
-		// The pool reports a failed dial (Dialed) before it wakes the callers
-		// waiting for it, so the count has moved if this probe's dial failed.
-		if p.u.obs.failedDials.Load() != dials {
-			p.u.obs.HealthCheckFailed()
-		}
-	default:
-		p.u.obs.HealthCheckFailed()
-		p.u.markFailed(err)
-	}
-	return err
-}
-
-func (p *prober) firstRoundDone() bool {
-	select {
-	case <-p.first:
-		return true
-	default:
-		return false
+// setDown marks the upstream down at once: after maxFails failures, or when its
+// very first probe fails.
+func (h *health) setDown(err error) {
+	if !h.down.Swap(true) {
+		h.gauge(false)
+		log.Warningf("Upstream %s is down: %s", h.addr, untagged(err))
 	}
 }
 
-// stop ends probing and waits for the prober to return.
-func (p *prober) stop() {
-	p.cancel()
-	<-p.done
+// answered records an answer: the upstream works.
+func (h *health) answered() {
+	if h.fails.Load() != 0 {
+		h.fails.Store(0)
+	}
+	if h.down.Load() && h.down.Swap(false) {
+		h.gauge(true)
+		log.Infof("Upstream %s is back up", h.addr)
+	}
 }

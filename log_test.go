@@ -24,7 +24,7 @@ func TestLogLinesWithoutDotPrefix(t *testing.T) {
 	clog.SetOutput(logs)
 	defer clog.SetOutput(prev)
 	u := testUpstreams(1)[0]
-	u.markDown(fmt.Errorf("%w: %w", dot.ErrUnavailable, fmt.Errorf("%w: connection refused", dot.ErrDial)))
+	u.health.setDown(fmt.Errorf("%w: %w", dot.ErrUnavailable, fmt.Errorf("%w: connection refused", dot.ErrDial)))
 	want := "plugin/dotforward: Upstream " + u.addr + " is down: upstream unavailable: dial failed: connection refused"
 	if !strings.Contains(logs.String(), want) {
 		t.Errorf("Expected the log line %q, got %q", want, logs.String())

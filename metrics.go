@@ -2,7 +2,6 @@ package dotforward
 
 import (
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/coredns/coredns/plugin"
@@ -135,9 +134,6 @@ type observer struct {
 	healthy       prometheus.Gauge
 	hcFailures    prometheus.Counter
 	noError       prometheus.Counter // the common rcode, bound in advance
-
-	onFailure   func(error)  // health: the pool reported a failure of the upstream
-	failedDials atomic.Int64 // for the prober: did a dial fail while a probe waited?
 }
 
 var _ dot.Observer = (*observer)(nil)
@@ -166,7 +162,6 @@ func newObserver(to string) *observer {
 func (o *observer) Dialed(_ time.Duration, resumed bool, err error) {
 	if err != nil {
 		o.dialsError.Inc()
-		o.failedDials.Add(1)
 		return
 	}
 	o.dialsOK.Inc()
@@ -195,12 +190,10 @@ func (o *observer) Replayed() { o.replays.Inc() }
 // TimedOut implements dot.Observer.
 func (o *observer) TimedOut() { o.timeouts.Inc() }
 
-// Failed implements dot.Observer: the pool saw the upstream itself fail.
-func (o *observer) Failed(err error) {
-	if o.onFailure != nil {
-		o.onFailure(err)
-	}
-}
+// Failed implements dot.Observer. Failures are health's (see events), not a
+// metric of their own: they show in dials_total, conn_closes_total and
+// upstream_healthy.
+func (o *observer) Failed(error) {}
 
 // SharedRecords implements dot.Observer: it logs what the pool learned of how the
 // upstream reads TLS records, which an operator may want to know when an upstream

@@ -288,7 +288,7 @@ func (f *DoTForward) candidates() ([]*upstream, error) {
 	// nothing when it is really gone.
 	best := ordered[0]
 	for _, u := range ordered[1:] {
-		if u.lastFail.Load() < best.lastFail.Load() {
+		if u.health.lastFailure() < best.health.lastFailure() {
 			best = u
 		}
 	}

@@ -170,7 +170,7 @@ func TestServeDNSFailsOverToSecondUpstream(t *testing.T) {
 	if got := s.Queries() - probes; got < 3 {
 		t.Errorf("Expected 3 queries at the second upstream, got %d", got)
 	}
-	if !f.upstreams[0].down.Load() {
+	if !f.upstreams[0].health.isDown() {
 		t.Errorf("Expected the unreachable upstream marked down")
 	}
 	if got := metricValue(t, requestsTotal.WithLabelValues(dead)); got != 0 {
@@ -348,7 +348,7 @@ func TestServeDNSDeadline(t *testing.T) {
 	if rcode != dns.RcodeServerFailure || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Expected SERVFAIL at the overall deadline, got rcode %d, error %v", rcode, err)
 	}
-	if f.upstreams[0].fails.Load() != 0 {
+	if f.upstreams[0].health.fails.Load() != 0 {
 		t.Errorf("Expected our own deadline not to count against the upstream")
 	}
 }
@@ -597,16 +597,16 @@ func TestDownAfterMaxFailsUpAtAnswer(t *testing.T) {
 	if u.Down() {
 		t.Fatal("Expected a new upstream up")
 	}
-	u.markFailed(dot.ErrDial)
+	u.health.failure(dot.ErrDial)
 	if u.Down() {
 		t.Errorf("Expected an upstream up after 1 of max_fails 2 failures")
 	}
-	u.markFailed(dot.ErrDial)
+	u.health.failure(dot.ErrDial)
 	if !u.Down() {
 		t.Errorf("Expected an upstream down after exactly max_fails 2 failures")
 	}
-	u.markUp()
-	if u.Down() || u.fails.Load() != 0 {
+	u.health.answered()
+	if u.Down() || u.health.fails.Load() != 0 {
 		t.Errorf("Expected an answer to bring the upstream back, fails reset")
 	}
 	// Errors of single exchanges are not health failures: the pool reports the
@@ -614,13 +614,13 @@ func TestDownAfterMaxFailsUpAtAnswer(t *testing.T) {
 	for _, err := range []error{dot.ErrTimeout, dot.ErrUnavailable, dot.ErrConnLost} {
 		u.failed(err, time.Millisecond)
 	}
-	if u.Down() || u.fails.Load() != 0 {
+	if u.Down() || u.health.fails.Load() != 0 {
 		t.Errorf("Expected exchange errors not to count as health failures")
 	}
 
 	never := newUpstream(dot.Config{Addr: "192.0.2.9:853"}, 0, healthCheck{})
 	for range 10 {
-		never.markFailed(dot.ErrDial)
+		never.health.failure(dot.ErrDial)
 	}
 	if never.Down() {
 		t.Errorf("Expected max_fails 0 never to mark an upstream down")

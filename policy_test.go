@@ -174,8 +174,8 @@ func TestLatencyEstimate(t *testing.T) {
 	// The client's own deadline says nothing about the upstream.
 	before := u.rtt.Load()
 	u.failed(errors.Join(dot.ErrTimeout, context.DeadlineExceeded), time.Second)
-	if u.rtt.Load() != before || u.fails.Load() != 0 {
-		t.Errorf("Expected a caller deadline not to count, got rtt %s and %d fails", time.Duration(u.rtt.Load()), u.fails.Load())
+	if u.rtt.Load() != before || u.health.fails.Load() != 0 {
+		t.Errorf("Expected a caller deadline not to count, got rtt %s and %d fails", time.Duration(u.rtt.Load()), u.health.fails.Load())
 	}
 }
 

@@ -64,7 +64,7 @@ func setupCases(t testing.TB) []setupCase {
 			u := f.upstreams[0]
 			expect(t, "addr", u.addr, "1.1.1.1:853")
 			expect(t, "server name", u.cfg.TLS.ServerName, "cloudflare-dns.com")
-			expect(t, "max fails", u.maxFails, int32(2))
+			expect(t, "max fails", u.health.maxFails, int32(2))
 			expect(t, "pins", len(u.cfg.Pins), 0)
 			if u.cfg.TLS.RootCAs != nil || u.cfg.TLS.MinVersion != 0x0303 {
 				t.Errorf("Expected system roots and TLS 1.2 minimum, got roots %v, min version %#x", u.cfg.TLS.RootCAs, u.cfg.TLS.MinVersion)
@@ -118,7 +118,7 @@ func setupCases(t testing.TB) []setupCase {
 			expect(t, "timeout", f.timeout, 7*time.Second)
 			for _, u := range f.upstreams {
 				c := u.cfg
-				expect(t, "max fails", u.maxFails, int32(5))
+				expect(t, "max fails", u.health.maxFails, int32(5))
 				expect(t, "health check", u.hc.interval, 2*time.Second)
 				expect(t, "pool fields", [...]any{c.MaxConns, c.MaxInflight, c.DialTimeout, c.ReadTimeout, c.StallTimeout, c.IdleTimeout, c.MaxAge, c.PadBlock, c.NoKeepalive, c.Dial != nil, len(c.Pins)},
 					[...]any{8, 256, 4 * time.Second, 1500 * time.Millisecond, 3 * time.Second, 20 * time.Second, time.Minute, -1, true, true, 2})
@@ -161,7 +161,7 @@ func setupCases(t testing.TB) []setupCase {
 		{name: "health_check 0 and max_fails 0", input: "dotforward . " + cf + " {\nhealth_check 0\nmax_fails 0\n}", check: func(t *testing.T, fs []*DoTForward) {
 			f := only(t, fs)
 			expect(t, "interval", f.hc.interval, time.Duration(0))
-			expect(t, "max fails", f.upstreams[0].maxFails, int32(0))
+			expect(t, "max fails", f.upstreams[0].health.maxFails, int32(0))
 		}},
 		{name: "forward-only options accepted", input: "dotforward . " + cf + " {\nforce_tcp\nprefer_udp\nmax_idle_conns 10\nmax_connect_attempts 0\n}", check: func(t *testing.T, fs []*DoTForward) {
 			expect(t, "max attempts", only(t, fs).maxAttempts, 0)

@@ -11,41 +11,53 @@ import (
 	"github.com/miekg/dns"
 )
 
-// upstream is one DoT server: its pool, its metrics, its health, and what the
-// policies need to know about it (how fast it answers, how busy it is).
-//
-// Health: an upstream is down after maxFails consecutive failures and back up at
-// its next answer. Failures are failed health probes and the pool's own signals
-// (a failed dial or handshake, a connection that died before its first answer, a
-// stalled connection); a slow answer or a lost query on a live connection is not
-// one. The prober (health.go) probes through the pool, from startup on.
+// upstream is one DoT server: its pool, its metrics, its health (health.go, fed
+// by the pool's events and by the prober, prober.go), and what the policies need
+// to know about it (how fast it answers, how busy it is).
 type upstream struct {
 	addr     string
 	cfg      dot.Config
 	obs      *observer
+	health   *health
 	hc       healthCheck
-	maxFails int32
 	addrFunc func() string // addr, for the dotforward/upstream metadata
 
 	pool     atomic.Pointer[dot.Pool]
 	prober   *prober
-	fails    atomic.Int32 // consecutive failures
-	down     atomic.Bool
-	lastFail atomic.Int64 // unix ns of the last failure
 	rtt      atomic.Int64 // EWMA of answer time in ns; 0 until the first answer
 	inflight atomic.Int64
 }
 
-func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
-	u := &upstream{
-		addr:     cfg.Addr,
-		cfg:      cfg,
-		obs:      newObserver(cfg.Addr),
-		hc:       hc,
-		maxFails: int32(min(maxFails, 1<<30)),
+// events is the upstream's dot.Observer: every pool event goes to the metrics,
+// and the ones about the upstream's health go to its health as well.
+type events struct {
+	*observer
+	health *health
+}
+
+var _ dot.Observer = events{}
+
+// Dialed implements dot.Observer.
+func (e events) Dialed(took time.Duration, resumed bool, err error) {
+	if err != nil {
+		e.health.failedDials.Add(1)
 	}
-	u.obs.onFailure = u.markFailed
-	u.cfg.Observer = u.obs
+	e.observer.Dialed(took, resumed, err)
+}
+
+// Failed implements dot.Observer: the pool saw the upstream itself fail.
+func (e events) Failed(err error) { e.health.failure(err) }
+
+func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
+	obs := newObserver(cfg.Addr)
+	u := &upstream{
+		addr:   cfg.Addr,
+		cfg:    cfg,
+		obs:    obs,
+		health: newHealth(cfg.Addr, maxFails, obs.setHealthy),
+		hc:     hc,
+	}
+	u.cfg.Observer = events{observer: obs, health: u.health}
 	u.addrFunc = func() string { return u.addr }
 	return u
 }
@@ -62,7 +74,7 @@ func (u *upstream) start() error {
 	}
 	u.pool.Store(p)
 	u.obs.setHealthy(true)
-	if u.hc.interval > 0 && u.maxFails > 0 {
+	if u.hc.interval > 0 && u.health.maxFails > 0 {
 		u.prober = newProber(u)
 		go u.prober.run()
 	}
@@ -88,7 +100,7 @@ func (u *upstream) probed() bool {
 }
 
 // Down reports whether queries should skip the upstream.
-func (u *upstream) Down() bool { return u.down.Load() }
+func (u *upstream) Down() bool { return u.health.isDown() }
 
 // exchange sends r through the pool and updates health, latency and metrics.
 func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time) (*dns.Msg, error) {
@@ -123,7 +135,7 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 		}
 		return nil, err
 	}
-	u.markUp()
+	u.health.answered()
 	u.observeRTT(took)
 	return ret, nil
 }
@@ -140,34 +152,6 @@ func (u *upstream) failed(err error, took time.Duration) {
 	// A failure weighs as much as a read timeout in the latency estimate, so that
 	// the latency policy moves away from an upstream that fails fast.
 	u.observeRTT(max(took, u.readTimeout()))
-}
-
-// markFailed counts one consecutive failure; at maxFails the upstream is down.
-// maxFails 0 never marks it down.
-func (u *upstream) markFailed(err error) {
-	u.lastFail.Store(time.Now().UnixNano())
-	n := u.fails.Add(1)
-	if u.maxFails > 0 && n >= u.maxFails {
-		u.markDown(err)
-	}
-}
-
-func (u *upstream) markDown(err error) {
-	if !u.down.Swap(true) {
-		u.obs.setHealthy(false)
-		log.Warningf("Upstream %s is down: %s", u.addr, untagged(err))
-	}
-}
-
-// markUp records an answer: the upstream works.
-func (u *upstream) markUp() {
-	if u.fails.Load() != 0 {
-		u.fails.Store(0)
-	}
-	if u.down.Load() && u.down.Swap(false) {
-		u.obs.setHealthy(true)
-		log.Infof("Upstream %s is back up", u.addr)
-	}
 }
 
 func (u *upstream) readTimeout() time.Duration {

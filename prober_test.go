@@ -21,8 +21,8 @@ func TestProbesReusePooledConnection(t *testing.T) {
 	waitFor(t, "the first probe", f.Ready)
 	u := f.upstreams[0]
 	for i := range 5 {
-		u.markFailed(fmt.Errorf("suspect %d", i)) // as the pool would on a failure
-		waitFor(t, "a probe to clear the suspicion", func() bool { return u.fails.Load() == 0 })
+		u.health.failure(fmt.Errorf("suspect %d", i)) // as the pool would on a failure
+		waitFor(t, "a probe to clear the suspicion", func() bool { return u.health.fails.Load() == 0 })
 	}
 	if p := probes.Load(); p < 6 {
 		t.Errorf("Expected at least 6 probes (startup and 5 suspicions), got %d", p)
