@@ -207,8 +207,8 @@ var repeatable = map[string]bool{"except": true, "tls_pin": true, "failover": tr
 
 // Limits of the pool options, checked here to report them with their Corefile line.
 const (
-	maxConns    = 1024
-	maxInflight = 65535 / 2
+	maxConns    = dot.MaxMaxConns
+	maxInflight = dot.MaxMaxInflight
 )
 
 func parseOption(c *caddy.Controller, o *options) error {
@@ -387,10 +387,7 @@ func parseMaxIdleConns(c *caddy.Controller, o *options) error {
 
 // check validates what depends on several options.
 func (o *options) check() error {
-	expire := o.pool.IdleTimeout
-	if expire == 0 {
-		expire = dot.DefaultIdleTimeout
-	}
+	expire := o.pool.WithDefaults().IdleTimeout
 	if o.pool.MaxAge > 0 && o.pool.MaxAge < expire {
 		return o.seen["max_age"].errf("max_age %s must not be less than expire %s", o.pool.MaxAge, expire)
 	}

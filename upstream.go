@@ -21,6 +21,7 @@ type upstream struct {
 	health   *health
 	hc       healthCheck
 	addrFunc func() string // addr, for the dotforward/upstream metadata
+	readTO   time.Duration // cfg's ReadTimeout with its default
 
 	pool     atomic.Pointer[dot.Pool]
 	prober   *prober
@@ -56,6 +57,7 @@ func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
 		obs:    obs,
 		health: newHealth(cfg.Addr, maxFails, obs.setHealthy),
 		hc:     hc,
+		readTO: cfg.WithDefaults().ReadTimeout,
 	}
 	u.cfg.Observer = events{observer: obs, health: u.health}
 	u.addrFunc = func() string { return u.addr }
@@ -154,12 +156,8 @@ func (u *upstream) failed(err error, took time.Duration) {
 	u.observeRTT(max(took, u.readTimeout()))
 }
 
-func (u *upstream) readTimeout() time.Duration {
-	if u.cfg.ReadTimeout > 0 {
-		return u.cfg.ReadTimeout
-	}
-	return dot.DefaultReadTimeout
-}
+// readTimeout is the pool's read timeout, its default applied.
+func (u *upstream) readTimeout() time.Duration { return u.readTO }
 
 // ewmaWeight is the weight of a new sample in the answer-time average: about the
 // last eight answers count.

@@ -94,34 +94,23 @@ const (
 	DefaultPadBlock     = 128
 )
 
-// withDefaults returns a copy of c with defaults filled in, or an error naming the
-// first invalid field.
-func (c Config) withDefaults() (Config, error) {
-	if c.Addr == "" {
-		return c, errors.New("dot: Addr is required")
-	}
-	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-		return c, fmt.Errorf("dot: Addr %q: %w", c.Addr, err)
-	}
+// Limits of the fields that have one.
+const (
+	// MaxMaxConns caps MaxConns.
+	MaxMaxConns = 1024
+	// MaxMaxInflight caps MaxInflight: with at most half the 16-bit ID space taken by
+	// live calls and tombstones, a free ID is always found within a few steps.
+	MaxMaxInflight = 65535 / 2
+)
+
+// WithDefaults returns c with every zero field that has a default set to it: the
+// configuration a pool made from c runs with. It does not validate c; New does.
+func (c Config) WithDefaults() Config {
 	if c.TLS == nil {
 		c.TLS = &tls.Config{}
 	}
-	if c.TLS.InsecureSkipVerify {
-		return c, errors.New("dot: InsecureSkipVerify is not allowed; use Pins for self-signed servers")
-	}
-	if c.TLS.ServerName == "" && len(c.Pins) == 0 {
-		return c, errors.New("dot: a TLS server name or an SPKI pin is required")
-	}
-	for i, p := range c.Pins {
-		if len(p) != 32 {
-			return c, fmt.Errorf("dot: pin %d is %d bytes, want a 32-byte SHA-256 digest", i, len(p))
-		}
-	}
 	setDefault(&c.MaxConns, DefaultMaxConns)
 	setDefault(&c.MaxInflight, DefaultMaxInflight)
-	if c.MaxInflight > 65535/2 {
-		return c, fmt.Errorf("dot: MaxInflight %d too large", c.MaxInflight)
-	}
 	setDefault(&c.DialTimeout, DefaultDialTimeout)
 	setDefault(&c.ReadTimeout, DefaultReadTimeout)
 	setDefault(&c.WriteTimeout, DefaultWriteTimeout)
@@ -139,6 +128,36 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
+	}
+	return c
+}
+
+// withDefaults returns c with its defaults, or an error naming the first invalid
+// field.
+func (c Config) withDefaults() (Config, error) {
+	if c.Addr == "" {
+		return c, errors.New("dot: Addr is required")
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return c, fmt.Errorf("dot: Addr %q: %w", c.Addr, err)
+	}
+	c = c.WithDefaults()
+	if c.TLS.InsecureSkipVerify {
+		return c, errors.New("dot: InsecureSkipVerify is not allowed; use Pins for self-signed servers")
+	}
+	if c.TLS.ServerName == "" && len(c.Pins) == 0 {
+		return c, errors.New("dot: a TLS server name or an SPKI pin is required")
+	}
+	for i, p := range c.Pins {
+		if len(p) != 32 {
+			return c, fmt.Errorf("dot: pin %d is %d bytes, want a 32-byte SHA-256 digest", i, len(p))
+		}
+	}
+	if c.MaxConns > MaxMaxConns {
+		return c, fmt.Errorf("dot: MaxConns %d too large, at most %d", c.MaxConns, MaxMaxConns)
+	}
+	if c.MaxInflight > MaxMaxInflight {
+		return c, fmt.Errorf("dot: MaxInflight %d too large, at most %d", c.MaxInflight, MaxMaxInflight)
 	}
 	return c, nil
 }
