@@ -295,6 +295,7 @@ func TestHostileOversizedTCPQuery(t *testing.T) {
 			if err == nil {
 				var r *dns.Msg
 				if r, err = parseRaw(raw, id); err == nil {
+					t.Logf("Oversized query answered %s", dns.RcodeToString[r.Rcode])
 					err = oversizedAnswerOK(r, q)
 				}
 			}
