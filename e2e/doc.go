@@ -6,9 +6,10 @@
 //
 // Servers (DoT upstreams): unbound (answers out of order), dnsdist (a DoT frontend
 // proxying to a plain-DNS unbound), Knot Resolver kresd (out of order, stub to a
-// plain-DNS unbound) and CoreDNS's own tls:// server (strictly in order, signing
-// its zone with the dnssec plugin). Clients: Go's miekg/dns over UDP and TCP,
-// dig, kdig and dnsperf.
+// plain-DNS unbound), CoreDNS's own tls:// server (strictly in order, signing
+// its zone with the dnssec plugin) and BIND 9's named (authoritative, with a JSON
+// statistics channel). Clients: Go's miekg/dns over UDP and TCP, dig, kdig and
+// dnsperf.
 //
 // Set E2E_RACE=1 to build CoreDNS with the race detector; a data race, a panic or
 // a recovered panic logged by any process a test started fails that test.

@@ -20,7 +20,8 @@ type upstreamKind struct {
 // and Knot Resolver answer out of order, CoreDNS's tls:// server strictly in
 // order, dnsdist is a DoT frontend proxying to a plain-DNS backend, once with its
 // defaults (one query of a connection at a time) and once with maxInFlight set,
-// as operators who want pipelining configure it.
+// as operators who want pipelining configure it; BIND 9's named serves the test
+// zone authoritatively over its own DoT listener.
 var upstreamKinds = []upstreamKind{
 	{"unbound", func(t testing.TB, c *certs) *dotServer {
 		return startUnbound(t, c, unboundOpts{}).dotServer
@@ -38,6 +39,9 @@ var upstreamKinds = []upstreamKind{
 	}, "shared"},
 	{"coredns", func(t testing.TB, c *certs) *dotServer {
 		return startCoreDNSUpstream(t, c).dotServer
+	}, "shared"},
+	{"named", func(t testing.TB, c *certs) *dotServer {
+		return startBind(t, c).dotServer
 	}, "shared"},
 }
 

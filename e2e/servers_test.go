@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -175,6 +177,78 @@ func startKresd(t testing.TB, c *certs, stub string) *dotServer {
 	s.p = s.start(t)
 	s.waitReady(t)
 	return s
+}
+
+// bind is a BIND 9 named serving the test zones authoritatively over DoT and
+// plain DNS, with a statistics channel.
+type bind struct {
+	*dotServer
+	plain string // plain DNS "127.0.0.1:port"
+	stats string // statistics channel "127.0.0.1:port"
+}
+
+// startBind starts named in the foreground (-g) with its own configuration and
+// directory. It runs as the test's user: without -u it does not switch users, so
+// it can read the test's files even when the tests run as root.
+func startBind(t testing.TB, c *certs) *bind {
+	t.Helper()
+	bin := tool(t, "named")
+	dir := t.TempDir()
+	tlsPort, plainPort, statsPort := freePort(t), freePort(t), freePort(t)
+	conf := render(t, "named.conf.tmpl", dir, "named.conf", map[string]any{
+		"Dir": dir, "TLSPort": tlsPort, "PlainPort": plainPort, "StatsPort": statsPort,
+		"Cert": c.Cert, "Key": c.Key, "ZoneFile": writeFile(t, dir, "db.e2e.test", zoneFile()),
+	})
+	b := &bind{plain: addr(plainPort), stats: addr(statsPort)}
+	b.dotServer = &dotServer{name: "named", addr: addr(tlsPort), certs: c}
+	b.start = func(t testing.TB) *proc {
+		return startProc(t, "named", nil, bin, "-g", "-4", "-c", conf)
+	}
+	b.p = b.start(t)
+	b.waitReady(t)
+	waitFor(t, "named's statistics channel on "+b.stats, startTimeout, b.p, func() error {
+		_, err := b.fetchStats()
+		return err
+	})
+	return b
+}
+
+// bindStats is the part of named's JSON statistics (/json/v1/server) the tests
+// read: requests by opcode, answers by rcode, and the name server's counters
+// (Requestv4, ReqTCP, ReqTSIG, ReqBadSIG, ...), all cumulative.
+type bindStats struct {
+	Opcodes map[string]int64 `json:"opcodes"`
+	Rcodes  map[string]int64 `json:"rcodes"`
+	NSStats map[string]int64 `json:"nsstats"`
+	QTypes  map[string]int64 `json:"qtypes"`
+}
+
+func (b *bind) fetchStats() (*bindStats, error) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + b.stats + "/json/v1/server")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /json/v1/server: %s", resp.Status)
+	}
+	st := &bindStats{}
+	if err := json.NewDecoder(resp.Body).Decode(st); err != nil {
+		return nil, fmt.Errorf("decode /json/v1/server: %w", err)
+	}
+	return st, nil
+}
+
+// statsOf returns named's cumulative statistics; a counter named has not yet
+// counted is absent, which reads as 0.
+func (b *bind) statsOf(t testing.TB) *bindStats {
+	t.Helper()
+	st, err := b.fetchStats()
+	if err != nil {
+		t.Fatalf("named statistics from %s: %v", b.stats, err)
+	}
+	return st
 }
 
 // corednsUpstream is CoreDNS's own tls:// server holding e2e.test, signed on the

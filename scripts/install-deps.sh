@@ -9,6 +9,7 @@ have() { command -v "$1" >/dev/null 2>&1; }
 have unbound  || need+=(unbound)
 have dnsdist  || need+=(dnsdist)
 have kresd    || need+=(knot-resolver)
+have named    || need+=(bind9)
 have kdig     || need+=(knot-dnsutils)
 have dig      || need+=(dnsutils)
 have dnsperf  || need+=(dnsperf)
@@ -23,6 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# The packaged daemons may have been started by their postinst scripts; the tests
-# start their own instances on 127.0.0.1 with their own configuration.
+# The packaged daemons (unbound, dnsdist, kresd, named) may have been started by
+# their postinst scripts; the tests never touch them: they start their own
+# instances on 127.0.0.1, on free ports, with their own configuration and files.
 go mod download
