@@ -680,7 +680,7 @@ write_machine() {
 		echo "unbound_forwarder_threads=$UNBOUND_THREADS"
 		echo "modes=$BENCH_MODES"
 	} >"$WORK/machine.env"
-	COREDNS_VERSION=$("$COREDNS" -version 2>/dev/null | head -1 | sed 's/^CoreDNS-//')
+	COREDNS_VERSION=$("$COREDNS" -version 2>/dev/null | awk 'NR == 1 { sub(/^CoreDNS-/, ""); print }')
 	DNSDIST_VERSION=$(dnsdist --version 2>/dev/null | awk 'NR == 1 { print $1, $2 }')
 }
 
