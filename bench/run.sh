@@ -624,7 +624,8 @@ regime_run() {
 # phase_regimes runs forward tls:// and dotforward side by side in each of
 # BENCH_REGIMES (issue 14) and writes bench/results/regimes.{md,json,svg}.
 phase_regimes() {
-	local t0=$SECONDS i=0 reg m n
+	local t0=$SECONDS i=0 reg m n load0
+	load0=$(cut -d' ' -f1-3 /proc/loadavg)
 	: >"$WORK/regimes.jsonl"
 	make_slow_queries
 	for reg in $BENCH_REGIMES; do
@@ -646,6 +647,8 @@ phase_regimes() {
 		echo "regime_seconds=$BENCH_REGIME_SECONDS"
 		echo "dotforward_opts=$(printf '%s' "$DOTFORWARD_OPTS" | tr -s '\n\t' ';' | sed 's/;/; /g')"
 		echo "regimes_seconds_total=$took"
+		echo "loadavg_start=$load0"
+		echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)"
 	} >"$WORK/regimes.env"
 	"$WORK/benchtool" regimes -in "$WORK/regimes.jsonl" -out "$RESULTS" -machine "$WORK/regimes.env" \
 		-label "$BENCH_REGIMES_LABEL" || die "benchtool regimes failed"

@@ -402,6 +402,9 @@ func writeRegimes(w io.Writer, r *RegimeResults) {
 	if m["regimes_seconds_total"] != "" {
 		fmt.Fprintf(w, " The phase took %s s.", m["regimes_seconds_total"])
 	}
+	if m["loadavg_start"] != "" {
+		fmt.Fprintf(w, " Load average (1, 5, 15 min) at its start: %s; at its end: %s.", m["loadavg_start"], m["loadavg_end"])
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w)
 	if o := m["dotforward_opts"]; o != "" {
@@ -415,7 +418,8 @@ func writeRegimes(w io.Writer, r *RegimeResults) {
 		"this machine with other work, so absolute figures are noisy; the comparison is between the two modes "+
 		"of one regime in this one run.\n\n", strings.TrimPrefix(m["coredns"], "CoreDNS-"))
 	fmt.Fprintf(w, "How each figure is taken:\n\n"+
-		"- **QPS**: queries answered per second, dnsperf's `Queries per second` (answers ÷ its run time).\n"+
+		"- **QPS**: queries answered per second, dnsperf's `Queries per second` (answers ÷ its run time). dnsperf keeps "+
+		"at most `-q` queries outstanding, so it sends a front that answers slowly fewer queries than offered (*sent*).\n"+
 		"- **p50, p99**: nearest-rank percentiles of the latencies of the answered queries, from dnsperf `-v`'s "+
 		"line per answer (dnsperf 2.10 prints only the average and standard deviation); lost queries are not in them "+
 		"but counted under *lost*. Where the names are split (cut-slowtail), the fast and the slow names' percentiles "+
