@@ -77,6 +77,12 @@ var (
 		Name:      "replays_total",
 		Help:      "Counter of unanswered queries re-sent on another connection after theirs died.",
 	}, []string{"to"})
+	coalescedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "coalesced_total",
+		Help:      "Counter of queries answered by another identical query's exchange with each upstream, which they waited for instead of sending their own.",
+	}, []string{"to"})
 	timeoutsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
@@ -130,6 +136,7 @@ type observer struct {
 	handshakesNew prometheus.Counter
 	handshakesRes prometheus.Counter
 	replays       prometheus.Counter
+	coalesced     prometheus.Counter
 	timeouts      prometheus.Counter
 	healthy       prometheus.Gauge
 	hcFailures    prometheus.Counter
@@ -138,7 +145,10 @@ type observer struct {
 	onFailure func(error) // health: the pool reported a failure of the upstream
 }
 
-var _ dot.Observer = (*observer)(nil)
+var (
+	_ dot.Observer         = (*observer)(nil)
+	_ dot.CoalesceObserver = (*observer)(nil)
+)
 
 func newObserver(to string) *observer {
 	return &observer{
@@ -152,6 +162,7 @@ func newObserver(to string) *observer {
 		handshakesNew: handshakesTotal.WithLabelValues(to, "false"),
 		handshakesRes: handshakesTotal.WithLabelValues(to, "true"),
 		replays:       replaysTotal.WithLabelValues(to),
+		coalesced:     coalescedTotal.WithLabelValues(to),
 		timeouts:      timeoutsTotal.WithLabelValues(to),
 		healthy:       upstreamHealthy.WithLabelValues(to),
 		hcFailures:    healthcheckFailures.WithLabelValues(to),
@@ -188,6 +199,9 @@ func (o *observer) Dropped(reason dot.DropReason) {
 
 // Replayed implements dot.Observer.
 func (o *observer) Replayed() { o.replays.Inc() }
+
+// Coalesced implements dot.CoalesceObserver.
+func (o *observer) Coalesced() { o.coalesced.Inc() }
 
 // TimedOut implements dot.Observer.
 func (o *observer) TimedOut() { o.timeouts.Inc() }

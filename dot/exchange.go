@@ -23,6 +23,14 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 	if err != nil {
 		return nil, err
 	}
+	if p.flights != nil {
+		return p.exchangeShared(ctx, q, deadline) // coalesce.go: identical queries go upstream once
+	}
+	return p.exchange(ctx, q, deadline)
+}
+
+// exchange runs q's attempts: moves to another connection, and one replay.
+func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, error) {
 	replayed := false
 	for moves := 0; ; {
 		cl := p.newCall(ctx, q, deadline)
