@@ -19,7 +19,7 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
 		Name:      "requests_total",
-		Help:      "Counter of queries sent to each upstream, retries included.",
+		Help:      "Counter of queries sent to each upstream, retries included, and of queries that waited for an identical one's exchange with it (see coalesced_total).",
 	}, []string{"to"})
 	responsesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
