@@ -56,28 +56,32 @@ type flights struct {
 // leaf lock: nothing else is locked, and nothing sent, while it is held.
 type flightShard struct {
 	mu sync.Mutex
-	m  map[uint64]*flight // guarded by mu: the open flight of each key hash
-	_  [48]byte           // a cache line each: shards are locked from every CPU
+	m  map[uint64]*query // guarded by mu: the leader of the open flight of each key hash
+	_  [48]byte          // a cache line each: shards are locked from every CPU
 }
 
 func newFlights() *flights {
 	fs := &flights{seed: maphash.MakeSeed()}
 	for i := range fs.shards {
-		fs.shards[i].m = make(map[uint64]*flight)
+		fs.shards[i].m = make(map[uint64]*query)
 	}
 	return fs
 }
 
-// flight is a leader's exchange that other queries may join. It lives in its
-// leader's query. It is in its shard's map from the leader's join until it ends
-// (at most one flight per key hash is there), and it ends once, when the reader
-// delivers the leader's answer or the leader's exchange returns without one.
+func (fs *flights) shard(hash uint64) *flightShard { return &fs.shards[hash%flightShards] }
+
+// flight is the part of a query that leads one: an exchange other queries may
+// join. The leader is in its shard's map from its join until the flight ends (one
+// leader per key hash at most), and the flight ends once, when the reader
+// delivers the leader's answer or the leader's exchange returns without one. It
+// is small and in the query's allocation: a query that nobody joins costs no
+// allocation.
 type flight struct {
-	leader  *query       // nil: the query leads no flight
-	shard   *flightShard // the shard whose lock guards waiters and ended
-	hash    uint64
-	waiters []*waiter   // guarded by shard.mu
-	ended   atomic.Bool // written under shard.mu; read without it by the leader after its exchange
+	hash    uint64      // the key's hash: the map key, and the shard
+	waiters *waiter     // guarded by the shard's mu: the last to join, linked to the earlier ones
+	joined  int32       // guarded by the shard's mu: how many joined
+	ended   atomic.Bool // written under the shard's mu; read without it by the leader after its exchange
+	leads   bool        // set by join before the query's first call: the query leads a flight
 }
 
 // waiter is a query waiting for another's answer.
@@ -85,6 +89,7 @@ type waiter struct {
 	q    *query
 	resp chan result // cap 1: the flight's end sends to each of its waiters once
 	gone atomic.Bool // the waiter gave up: building its answer is wasted work
+	next *waiter     // the one that joined before, immutable once joined
 }
 
 // CoalesceObserver is an Observer that also counts coalesced queries. It is a
@@ -110,7 +115,7 @@ func (p *Pool) exchangeShared(ctx context.Context, q *query, deadline time.Time)
 		w := p.flights.join(q)
 		if w == nil {
 			r, err := p.exchange(ctx, q, deadline)
-			q.fl.fail(err)
+			p.flights.fail(q, err)
 			return r, err
 		}
 		r, err := w.wait(ctx, deadline)
@@ -132,88 +137,88 @@ func (p *Pool) exchangeShared(ctx context.Context, q *query, deadline time.Time)
 
 // join makes q a waiter of the open flight of its key and returns the waiter, or
 // returns nil for q to run its exchange itself: as the leader of a new flight
-// (q.fl.leader set), or alone if q is not shared or another key holds its hash.
+// (q.fl.leads set), or alone if q is not shared or another key holds its hash.
 func (fs *flights) join(q *query) *waiter {
 	h, ok := fs.key(q)
 	if !ok {
 		return nil
 	}
-	s := &fs.shards[h%flightShards]
+	s := fs.shard(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := s.m[h]
+	l := s.m[h]
 	switch {
-	case f == nil:
-	case !sameKey(f.leader, q):
+	case l == nil:
+	case !sameKey(l, q):
 		return nil // a hash collision: in doubt, alone
-	case len(f.waiters) < maxJoiners:
-		w := &waiter{q: q, resp: respChans.Get().(chan result)}
-		f.waiters = append(f.waiters, w)
+	case l.fl.joined < maxJoiners:
+		w := &waiter{q: q, resp: respChans.Get().(chan result), next: l.fl.waiters}
+		l.fl.waiters = w
+		l.fl.joined++
 		return w
 	}
 	// No flight, or a full one: q leads the next. A full flight stays valid for
 	// its waiters, only out of the map.
-	q.fl = flight{leader: q, shard: s, hash: h}
-	s.m[h] = &q.fl
+	q.fl.hash, q.fl.leads = h, true
+	s.m[h] = q
 	return nil
 }
 
-// end ends the flight and returns its waiters, the first time it is called; nil
-// after that. The flight leaves the map, so later queries start a new one.
-func (f *flight) end() []*waiter {
-	s := f.shard
+// end ends the flight q leads and returns its waiters, the first time it is
+// called; nil after that. The leader leaves the map, so later queries start a
+// new flight.
+func (fs *flights) end(q *query) *waiter {
+	s := fs.shard(q.fl.hash)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f.ended.Load() {
+	if q.fl.ended.Load() {
 		return nil
 	}
-	f.ended.Store(true)
-	if s.m[f.hash] == f {
-		delete(s.m, f.hash)
+	q.fl.ended.Store(true)
+	if s.m[q.fl.hash] == q {
+		delete(s.m, q.fl.hash)
 	}
-	ws := f.waiters
-	f.waiters = nil
+	ws := q.fl.waiters
+	q.fl.waiters = nil
 	return ws
 }
 
 // land gives the waiters of the flight q leads their answers from frame, the
 // answer to one of q's calls. The reader calls it before it builds q's own answer,
-// which edits frame in place. It does nothing for a query that leads no flight.
-func (f *flight) land(frame []byte) {
-	if f.leader != nil {
-		f.landSlow(frame)
+// which edits frame in place. It does nothing for a query that leads no flight
+// (fs is nil when the pool does not coalesce, and then no query leads one).
+func (fs *flights) land(q *query, frame []byte) {
+	if q.fl.leads {
+		fs.landSlow(q, frame)
 	}
 }
 
-func (f *flight) landSlow(frame []byte) {
-	ws := f.end()
-	if len(ws) == 0 {
+func (fs *flights) landSlow(q *query, frame []byte) {
+	ws := fs.end(q)
+	if ws == nil {
 		return
 	}
 	// finishAnswer edits its frame (it cuts hop-by-hop options): each waiter's
 	// answer is built from a fresh copy of the leader's untouched frame. The
 	// messages share nothing mutable: miekg/dns copies what it keeps.
 	scratch := make([]byte, len(frame))
-	for _, w := range ws {
+	for w := ws; w != nil; w = w.next {
 		if w.gone.Load() {
 			continue
 		}
 		copy(scratch, frame)
-		r, _, err := finishAnswerFor(w.q, f.leader, scratch)
+		r, _, err := finishAnswerFor(w.q, q, scratch)
 		w.send(result{msg: r, err: err})
 	}
 }
 
 // fail ends the flight of a leader whose exchange returned err. If the reader
 // delivered the answer, the flight has ended already and there is nothing to do.
-func (f *flight) fail(err error) {
-	if f.leader == nil || f.ended.Load() {
+func (fs *flights) fail(q *query, err error) {
+	if !q.fl.leads || q.fl.ended.Load() {
 		return
 	}
-	ws := f.end()
-	if len(ws) == 0 {
-		return
-	}
+	ws := fs.end(q)
 	if err == nil {
 		err = errLeaderGone // cannot happen: an answer comes through land
 	}
@@ -222,7 +227,7 @@ func (f *flight) fail(err error) {
 		// their own time, and try again.
 		err = errLeaderGone
 	}
-	for _, w := range ws {
+	for w := ws; w != nil; w = w.next {
 		w.send(result{err: err})
 	}
 }

@@ -52,8 +52,8 @@ func waiting(p *Pool) int {
 	for i := range p.flights.shards {
 		s := &p.flights.shards[i]
 		s.mu.Lock()
-		for _, f := range s.m {
-			n += len(f.waiters)
+		for _, l := range s.m {
+			n += int(l.fl.joined)
 		}
 		s.mu.Unlock()
 	}
