@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -611,4 +612,32 @@ func TestCoalesceKeyProperties(t *testing.T) {
 	if merged == 0 {
 		t.Error("No pair merged: the walk tests nothing")
 	}
+}
+
+// BenchmarkCoalesceLead is what coalescing adds to a query nobody joins: the key,
+// leading a flight and ending it, in parallel on distinct names.
+func BenchmarkCoalesceLead(b *testing.B) {
+	fs := newFlights()
+	qs := make([]*query, 1024)
+	for i := range qs {
+		m := newQuery(fmt.Sprintf("q%d.example.", i), dns.TypeA)
+		m.SetEdns0(1232, true)
+		q, err := prepareQuery(m, 128, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		qs[i] = q
+	}
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			q := qs[n.Add(1)%int64(len(qs))]
+			q.fl = flight{}
+			if fs.join(q) != nil {
+				continue // another goroutine leads this name right now
+			}
+			fs.end(q)
+		}
+	})
 }
