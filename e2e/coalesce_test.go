@@ -63,7 +63,8 @@ func TestCoalesceInFlight(t *testing.T) {
 
 	const total, concurrent = 2000, 200
 	var next, failed atomic.Int64
-	var firstErr atomic.Value
+	var firstErr error // set once, read after wg.Wait
+	var once sync.Once
 	var wg sync.WaitGroup
 	for range concurrent {
 		wg.Add(1)
@@ -76,14 +77,14 @@ func TestCoalesceInFlight(t *testing.T) {
 				}
 				if err != nil {
 					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
+					once.Do(func() { firstErr = err })
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	if n := failed.Load(); n > 0 {
-		t.Errorf("%d of %d queries failed, the first with: %v", n, total, firstErr.Load())
+		t.Errorf("%d of %d queries failed, the first with: %v", n, total, firstErr)
 	}
 	got := up.queries(t) - before
 	t.Logf("%d identical queries, %d at a time, reached the upstream %d times", total, concurrent, got)
