@@ -19,7 +19,7 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
 		Name:      "requests_total",
-		Help:      "Counter of queries sent to each upstream, retries included.",
+		Help:      "Counter of queries sent to each upstream, retries included, and of queries that waited for an identical one's exchange with it (see coalesced_total).",
 	}, []string{"to"})
 	responsesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
@@ -77,6 +77,12 @@ var (
 		Name:      "replays_total",
 		Help:      "Counter of unanswered queries re-sent on another connection after theirs died.",
 	}, []string{"to"})
+	coalescedTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "coalesced_total",
+		Help:      "Counter of queries answered by another identical query's exchange with each upstream, which they waited for instead of sending their own.",
+	}, []string{"to"})
 	timeoutsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
@@ -130,13 +136,17 @@ type observer struct {
 	handshakesNew prometheus.Counter
 	handshakesRes prometheus.Counter
 	replays       prometheus.Counter
+	coalesced     prometheus.Counter
 	timeouts      prometheus.Counter
 	healthy       prometheus.Gauge
 	hcFailures    prometheus.Counter
 	noError       prometheus.Counter // the common rcode, bound in advance
 }
 
-var _ dot.Observer = (*observer)(nil)
+var (
+	_ dot.Observer         = (*observer)(nil)
+	_ dot.CoalesceObserver = (*observer)(nil)
+)
 
 func newObserver(to string) *observer {
 	return &observer{
@@ -150,6 +160,7 @@ func newObserver(to string) *observer {
 		handshakesNew: handshakesTotal.WithLabelValues(to, "false"),
 		handshakesRes: handshakesTotal.WithLabelValues(to, "true"),
 		replays:       replaysTotal.WithLabelValues(to),
+		coalesced:     coalescedTotal.WithLabelValues(to),
 		timeouts:      timeoutsTotal.WithLabelValues(to),
 		healthy:       upstreamHealthy.WithLabelValues(to),
 		hcFailures:    healthcheckFailures.WithLabelValues(to),
@@ -186,6 +197,9 @@ func (o *observer) Dropped(reason dot.DropReason) {
 
 // Replayed implements dot.Observer.
 func (o *observer) Replayed() { o.replays.Inc() }
+
+// Coalesced implements dot.CoalesceObserver.
+func (o *observer) Coalesced() { o.coalesced.Inc() }
 
 // TimedOut implements dot.Observer.
 func (o *observer) TimedOut() { o.timeouts.Inc() }

@@ -180,6 +180,7 @@ var optionTable = map[string]optionFunc{
 	"failfast_all_unhealthy_upstreams": flagOption(func(o *options) { o.failfast = true }),
 	"no_padding":                       flagOption(func(o *options) { o.pool.PadBlock = -1 }),
 	"no_keepalive":                     flagOption(func(o *options) { o.pool.NoKeepalive = true }),
+	"no_coalesce":                      flagOption(func(o *options) { o.pool.NoCoalesce = true }),
 	"max_fails":                        intOption(0, math.MaxInt32, func(o *options, n int) { o.maxFails = n }),
 	"max_connect_attempts":             intOption(0, math.MaxInt32, func(o *options, n int) { o.maxAttempts = n }),
 	"max_concurrent":                   intOption(0, math.MaxInt32, func(o *options, n int) { o.maxConcurrent = n }),

@@ -71,8 +71,8 @@ func setupCases(t testing.TB) []setupCase {
 			}
 			// Zero pool fields take the pool's documented defaults.
 			c := u.cfg
-			expect(t, "pool fields", [...]any{c.MaxConns, c.MaxInflight, c.DialTimeout, c.ReadTimeout, c.StallTimeout, c.IdleTimeout, c.MaxAge, c.PadBlock, c.NoKeepalive, c.Dial == nil},
-				[...]any{0, 0, time.Duration(0), time.Duration(0), time.Duration(0), time.Duration(0), time.Duration(0), 0, false, true})
+			expect(t, "pool fields", [...]any{c.MaxConns, c.MaxInflight, c.DialTimeout, c.ReadTimeout, c.StallTimeout, c.IdleTimeout, c.MaxAge, c.PadBlock, c.NoKeepalive, c.NoCoalesce, c.Dial == nil},
+				[...]any{0, 0, time.Duration(0), time.Duration(0), time.Duration(0), time.Duration(0), time.Duration(0), 0, false, false, true})
 			if c.Observer == nil {
 				t.Errorf("Expected a metrics observer on the pool configuration")
 			}
@@ -105,6 +105,7 @@ func setupCases(t testing.TB) []setupCase {
 			tls_pin ` + pinA + ` ` + pinB + `
 			no_padding
 			no_keepalive
+			no_coalesce
 			source_address 127.0.0.1
 		}`, check: func(t *testing.T, fs []*DoTForward) {
 			f := only(t, fs)
@@ -120,8 +121,8 @@ func setupCases(t testing.TB) []setupCase {
 				c := u.cfg
 				expect(t, "max fails", u.health.maxFails, int32(5))
 				expect(t, "health check", u.hc.interval, 2*time.Second)
-				expect(t, "pool fields", [...]any{c.MaxConns, c.MaxInflight, c.DialTimeout, c.ReadTimeout, c.StallTimeout, c.IdleTimeout, c.MaxAge, c.PadBlock, c.NoKeepalive, c.Dial != nil, len(c.Pins)},
-					[...]any{8, 256, 4 * time.Second, 1500 * time.Millisecond, 3 * time.Second, 20 * time.Second, time.Minute, -1, true, true, 2})
+				expect(t, "pool fields", [...]any{c.MaxConns, c.MaxInflight, c.DialTimeout, c.ReadTimeout, c.StallTimeout, c.IdleTimeout, c.MaxAge, c.PadBlock, c.NoKeepalive, c.NoCoalesce, c.Dial != nil, len(c.Pins)},
+					[...]any{8, 256, 4 * time.Second, 1500 * time.Millisecond, 3 * time.Second, 20 * time.Second, time.Minute, -1, true, true, true, 2})
 			}
 			expect(t, "names", names(f), []string{"cloudflare-dns.com", "dns.quad9.net"})
 		}},
@@ -237,6 +238,7 @@ func setupCases(t testing.TB) []setupCase {
 		{name: "failover without rcode", input: "dotforward . " + cf + " {\nfailover\n}", err: []string{"Wrong argument count"}},
 		{name: "flag with argument", input: "dotforward . " + cf + " {\nforce_tcp yes\n}", err: []string{"Testfile:2", `force_tcp takes no arguments, got "yes"`}},
 		{name: "no_padding with argument", input: "dotforward . " + cf + " {\nno_padding 1\n}", err: []string{`no_padding takes no arguments, got "1"`}},
+		{name: "no_coalesce with argument", input: "dotforward . " + cf + " {\nno_coalesce off\n}", err: []string{`no_coalesce takes no arguments, got "off"`}},
 		{name: "negative max_idle_conns", input: "dotforward . " + cf + " {\nmax_idle_conns -1\n}", err: []string{`max_idle_conns: "-1"`}},
 		{name: "bad source_address", input: "dotforward . " + cf + " {\nsource_address here\n}", err: []string{`source_address: "here" is not an IP address`}},
 		{name: "too many tls arguments", input: "dotforward . " + cf + " {\ntls a b c d\n}", err: []string{"Testfile:2", "Wrong argument count"}},

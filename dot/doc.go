@@ -19,6 +19,7 @@
 //   - sweep.go: the pool's ticker: timeouts, tombstones, stall, drain and idle.
 //   - learned.go: what the pool learns of its upstream (query limit, record verdict).
 //   - message.go: preparing a client's query for the upstream and its answer for the client.
+//   - coalesce.go: identical queries in flight share one exchange (flights).
 //   - backoff.go, tls.go, config.go, observer.go, errors.go.
 //
 // # Words
@@ -40,13 +41,21 @@
 //   - strike: a failed dial or connection, counted by the reconnect backoff.
 //   - failure: what the Observer's Failed reports: a fault of the upstream itself
 //     (used for health), as opposed to one slow or lost query.
+//   - coalesce: a query identical to one in flight (the same upstream wire but for
+//     the ID and the question name's case) waits for that one's answer instead of
+//     going upstream itself; it gets a message of its own built from that answer.
+//   - flight: one query's exchange (its leader's) that identical queries join as
+//     waiters, from the leader's start until its answer is delivered or it fails.
 //
 // # Locks
 //
 // Pool.mu and conn.mu are never held together: code holding one releases it
 // before calling into code that takes the other (closeFor calls Pool.connClosed
 // after releasing conn.mu; the pool reads connections through atomics, not under
-// their locks). batchConn.mu is a leaf: nothing is called with it held. Fields
-// read on the hot path without a lock are atomics, written under the lock named in
-// their comment.
+// their locks). batchConn.mu is a leaf: nothing is called with it held. So is a
+// flight shard's lock (flightShard.mu, guarding its map of open flights and their
+// waiters): it is taken with neither Pool.mu nor conn.mu held (the reader ends a
+// flight in deliver, after dispatch released conn.mu), and the waiters are sent
+// their results after it is released. Fields read on the hot path without a lock
+// are atomics, written under the lock named in their comment.
 package dot

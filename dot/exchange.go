@@ -10,7 +10,9 @@ import (
 )
 
 // Exchange sends m upstream and returns the answer with m's ID and question case.
-// m is not modified. The attempt is bounded by ReadTimeout and by ctx.
+// m is not modified. The attempt is bounded by ReadTimeout and by ctx. Unless
+// NoCoalesce is set, a query identical to one in flight waits for that one's
+// answer instead of going upstream (see coalesce.go).
 func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 	return p.ExchangeDeadline(ctx, m, time.Time{})
 }
@@ -23,6 +25,14 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 	if err != nil {
 		return nil, err
 	}
+	if p.flights != nil {
+		return p.exchangeShared(ctx, q, deadline) // coalesce.go: identical queries go upstream once
+	}
+	return p.exchange(ctx, q, deadline)
+}
+
+// exchange runs q's attempts: moves to another connection, and one replay.
+func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, error) {
 	replayed := false
 	for moves := 0; ; {
 		cl := p.newCall(ctx, q, deadline)

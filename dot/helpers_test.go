@@ -52,16 +52,17 @@ func checkNoPoolGoroutines(t *testing.T) { t.Helper(); dottest.CheckNoPoolGorout
 
 // recorder is an Observer that counts events.
 type recorder struct {
-	mu       sync.Mutex
-	dials    int
-	dialErrs int
-	resumed  int
-	closes   map[CloseReason]int
-	drops    map[DropReason]int
-	replays  int
-	timeouts int
-	failures int
-	verdicts []bool // SharedRecords reports, in order
+	mu        sync.Mutex
+	dials     int
+	dialErrs  int
+	resumed   int
+	closes    map[CloseReason]int
+	drops     map[DropReason]int
+	replays   int
+	timeouts  int
+	failures  int
+	verdicts  []bool // SharedRecords reports, in order
+	coalesced int
 }
 
 func newRecorder() *recorder {
@@ -114,6 +115,12 @@ func (r *recorder) SharedRecords(shared bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.verdicts = append(r.verdicts, shared)
+}
+
+func (r *recorder) Coalesced() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.coalesced++
 }
 
 func (r *recorder) get(f func(r *recorder) int) int {

@@ -27,6 +27,10 @@ type query struct {
 	// only touched by the goroutine running the exchange.
 	first     call
 	firstUsed bool
+
+	// fl is the flight q leads, if it leads one: identical queries wait for its
+	// answer (see coalesce.go). Its zero value is no flight.
+	fl flight
 }
 
 // Hop-by-hop EDNS options (RFC 7828, RFC 7830): they describe this TLS connection,
@@ -515,6 +519,14 @@ func lower(c byte) byte {
 // hop-by-hop options are cut on the wire, so that the upstream's padding is never
 // copied. About half the allocations of a full unpack, on every query.
 func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
+	return finishAnswerFor(q, q, frame)
+}
+
+// finishAnswerFor is finishAnswer for q of the answer to asked: q itself, or the
+// leader of the flight q joined, whose upstream question is q's but for the name's
+// case (see coalesce.go). Owner names the upstream spelled as asked's question get
+// q's spelling, as it would have spelled them had q been asked.
+func finishAnswerFor(q, asked *query, frame []byte) (*dns.Msg, int, error) {
 	a := new(answerMsg)
 	r := &a.msg
 	if err := r.Unpack(frame[:12]); err != nil { // the header only: sections stay nil
@@ -537,7 +549,10 @@ func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 	}
 	if binary.BigEndian.Uint16(frame[4:]) != 0 { // else an error without a question
 		u.off += n
-		u.sameName = string(frame[12:12+n]) == string(q.question)
+		u.sameName = string(frame[12:12+n]) == string(asked.question)
+	}
+	if asked.name != q.name {
+		u.echo = asked.name
 	}
 	if err := u.sections(r, a.rrs[:0]); err != nil {
 		return nil, -1, wrap(ErrMalformed, err)
@@ -558,7 +573,8 @@ type unpacker struct {
 	msg       []byte
 	off       int
 	name      string // the caller's QNAME
-	sameName  bool   // the answer's question is byte for byte the caller's: a pointer to it is name
+	sameName  bool   // the answer's question is byte for byte the one asked: a pointer to it is name
+	echo      string // the asked name, if spelled otherwise than name: an owner spelled so is name
 	clientOPT bool
 	keepalive int // the server's keepalive timeout (100ms units), or -1
 }
@@ -655,8 +671,8 @@ func (u *unpacker) record(additional bool) (dns.RR, error) {
 }
 
 // owner returns the owner name at u.off and moves past it. The common owner, a
-// pointer to the question, is the caller's name when the question is the caller's
-// byte for byte: no string is built.
+// pointer to the question, is the caller's name when the answer's question is the
+// asked one byte for byte: no string is built.
 func (u *unpacker) owner() (string, error) {
 	m, off := u.msg, u.off
 	if u.sameName && off+2 <= len(m) && m[off] == 0xC0 && m[off+1] == 12 {
@@ -665,6 +681,9 @@ func (u *unpacker) owner() (string, error) {
 	}
 	name, next, err := dns.UnpackDomainName(m, off)
 	u.off = next
+	if u.sameName && u.echo != "" && name == u.echo {
+		name = u.name // the upstream echoed the leader's spelling: the waiter gets its own
+	}
 	return name, err
 }
 

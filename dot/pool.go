@@ -25,6 +25,7 @@ type Pool struct {
 	dialing atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
 	closing atomic.Int32            // connections between closeFor and connClosed
 	learned learned                 // what the pool learned of its upstream: query limit, record verdict
+	flights *flights                // open flights of queries that identical ones wait for; nil: NoCoalesce
 	clock   atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
@@ -56,6 +57,9 @@ func New(cfg Config) (*Pool, error) {
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.conns.Store(&[]*conn{})
 	p.clock.Store(nanotime())
+	if !cfg.NoCoalesce {
+		p.flights = newFlights()
+	}
 	p.wg.Add(1)
 	go p.sweepLoop()
 	return p, nil

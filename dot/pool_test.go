@@ -480,11 +480,12 @@ func TestBackPressureIsBoundedByContext(t *testing.T) {
 	p, _ := newTestPool(t, s, func(c *Config) { c.MaxConns = 1; c.MaxInflight = 2; c.ReadTimeout = 5 * time.Second })
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for range 2 {
+	for i := range 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.Exchange(ctx, newQuery("fill.example.", dns.TypeA))
+			// Distinct names: identical ones would share one upstream query.
+			p.Exchange(ctx, newQuery(fmt.Sprintf("fill%d.example.", i), dns.TypeA))
 		}()
 	}
 	waitFor(t, "the connection to fill", func() bool { return p.Stats().Inflight == 2 })
@@ -699,12 +700,14 @@ func TestWaitersAreBounded(t *testing.T) {
 	p, _ := newTestPool(t, s, func(c *Config) { c.MaxConns = 1; c.MaxInflight = 2; c.ReadTimeout = 5 * time.Second })
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	var filled atomic.Int64
 	fill := func(n int) {
 		for range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				p.Exchange(ctx, newQuery("fill.example.", dns.TypeA))
+				// Distinct names: identical ones would share one upstream query.
+				p.Exchange(ctx, newQuery(fmt.Sprintf("fill%d.example.", filled.Add(1)), dns.TypeA))
 			}()
 		}
 	}

@@ -105,6 +105,7 @@ var errDrained = errors.New("connection drained")
 // runs on CoreDNS's fresh per-query goroutine, whose stack an unpack this deep would
 // grow (copy) on every query.
 func (c *conn) deliver(cl *call, frame []byte) {
+	c.pool.flights.land(cl.q, frame) // coalesce.go: the waiters' answers, before finishAnswer edits frame
 	r, keepalive, err := finishAnswer(cl.q, frame)
 	if err != nil {
 		c.pool.obs.Dropped(DropMalformed)
