@@ -252,34 +252,6 @@ func TestCloseDuringDialIsNoFailure(t *testing.T) {
 	}
 }
 
-// One unanswered query on an otherwise idle connection is not a stall: the server
-// may have dropped it. It times out; the connection stays and is no failure.
-func TestOneUnansweredQueryIsNoStall(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{Drop: func(q dns.Question) bool { return q.Name == "void.example." }})
-	p, rec := newTestPool(t, s, func(c *Config) {
-		c.StallTimeout = 20 * time.Millisecond
-		c.ReadTimeout = 200 * time.Millisecond
-	})
-	if _, err := exchange(p, "first.example."); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := exchange(p, "void.example."); !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Dropped query: error = %v, want ErrTimeout", err)
-	}
-	if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 0 {
-		t.Errorf("Stall closes = %d, want 0", got)
-	}
-	if f := rec.get(func(r *recorder) int { return r.failures }); f != 0 {
-		t.Errorf("Failures = %d, want 0", f)
-	}
-	if _, err := exchange(p, "after.example."); err != nil {
-		t.Fatal(err)
-	}
-	if h := s.Handshakes(); h != 1 {
-		t.Errorf("Handshakes = %d, want 1: the connection must survive", h)
-	}
-}
-
 // An upstream that does not serve ALPN "dot" is named as the cause.
 func TestALPNRefusalIsExplained(t *testing.T) {
 	s := dottest.Start(t, dottest.Options{TLS: func(c *tls.Config) { c.NextProtos = []string{"h2"} }})
@@ -290,5 +262,101 @@ func TestALPNRefusalIsExplained(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), `refused ALPN "dot"`) {
 		t.Errorf("Error = %q, want it to say the upstream refused ALPN \"dot\"", err)
+	}
+}
+
+// The upstream sees padded queries, and the keepalive it advertises is honoured.
+func TestPaddingOnTheWireAndKeepalive(t *testing.T) {
+	var mu sync.Mutex
+	var sizes []int
+	s := dottest.Start(t, dottest.Options{
+		OnQuery: func(wire []byte) {
+			mu.Lock()
+			sizes = append(sizes, len(wire))
+			mu.Unlock()
+		},
+		Handler: func(q *dns.Msg) *dns.Msg {
+			r := dottest.DefaultAnswer(q)
+			r.SetEdns0(1232, false)
+			// 3 units = 300ms: the pool must close idle connections before that.
+			r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 3})
+			return r
+		},
+	})
+	// An idle timeout far above the server's: only its keepalive can close the
+	// connection within the test.
+	p, rec := newTestPool(t, s, func(c *Config) { c.IdleTimeout = time.Hour })
+	for _, name := range []string{"a.example.", "a-much-longer-name-for-another-size.example.org."} {
+		r, err := exchange(p, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.IsEdns0() != nil {
+			t.Errorf("The server's keepalive OPT reached a client that sent no EDNS: %v", r.IsEdns0())
+		}
+	}
+	mu.Lock()
+	for _, n := range sizes {
+		if n%128 != 0 {
+			t.Errorf("Query of %d bytes on the wire, want a multiple of 128", n)
+		}
+	}
+	mu.Unlock()
+	c := (*p.conns.Load())[0]
+	c.mu.Lock()
+	idle := c.idle
+	c.mu.Unlock()
+	if want := 300 * time.Millisecond * 3 / 4; idle != want {
+		t.Errorf("Idle timeout after the server's 300ms keepalive = %v, want %v", idle, want)
+	}
+	waitFor(t, "the idle close before the server's keepalive", func() bool {
+		return rec.get(func(r *recorder) int { return r.closes[CloseIdle] }) == 1
+	})
+}
+
+// A keepalive timeout of 0 means: send nothing more, close once answers are in.
+func TestKeepaliveZeroDrains(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+		r := dottest.DefaultAnswer(q)
+		r.SetEdns0(1232, false)
+		if q.Question[0].Name == "bye.example." {
+			// miekg/dns packs a zero timeout as an empty option; send it by hand.
+			r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: dns.EDNS0TCPKEEPALIVE, Data: []byte{0, 0}})
+		}
+		return r
+	}})
+	p, rec := newTestPool(t, s, nil)
+	if _, err := exchange(p, "bye.example."); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the drain", func() bool { return rec.get(func(r *recorder) int { return r.closes[CloseDrain] }) == 1 })
+	if _, err := exchange(p, "next.example."); err != nil {
+		t.Fatal(err)
+	}
+	if h := s.Handshakes(); h != 2 {
+		t.Errorf("Handshakes = %d, want 2: the drained connection must not be reused", h)
+	}
+}
+
+// An empty keepalive option in an answer (invalid from a server) is no timeout,
+// and must not drain the connection.
+func TestEmptyKeepaliveIsIgnored(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+		r := dottest.DefaultAnswer(q)
+		r.SetEdns0(1232, false)
+		r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE})
+		return r
+	}})
+	p, rec := newTestPool(t, s, nil)
+	for range 3 {
+		if _, err := exchange(p, "a.example."); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h := s.Handshakes(); h != 1 {
+		t.Errorf("Handshakes = %d, want 1", h)
+	}
+	if d := rec.get(func(r *recorder) int { return r.closes[CloseDrain] }); d != 0 {
+		t.Errorf("Drains = %d, want 0", d)
 	}
 }

@@ -18,7 +18,9 @@
 //   - batchconn.go: the socket under TLS: one write per batch, quick ACKs.
 //   - sweep.go: the pool's ticker: timeouts, tombstones, stall, drain and idle.
 //   - learned.go: what the pool learns of its upstream (query limit, record verdict).
-//   - message.go: preparing a client's query for the upstream and its answer for the client.
+//   - query.go: a client's query prepared once for the upstream, and what is refused.
+//   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
+//   - wire.go: walking names and records on the wire, for both.
 //   - coalesce.go: identical queries in flight share one exchange (flights).
 //   - backoff.go, tls.go, config.go, observer.go, errors.go.
 //

@@ -1,0 +1,39 @@
+package dot
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+func TestWrongQuestionAndIDAreDroppedConnectionKept(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{Mutate: func(q, r *dns.Msg) {
+		switch q.Question[0].Name {
+		case "wrongq.example.":
+			r.Question[0].Name = "other.example."
+		case "wrongid.example.":
+			r.Id ^= 0x8000
+		}
+	}})
+	p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond })
+	for _, name := range []string{"wrongq.example.", "wrongid.example."} {
+		if _, err := exchange(p, name); !errors.Is(err, ErrTimeout) {
+			t.Errorf("%s: error = %v, want ErrTimeout (its answer must be dropped)", name, err)
+		}
+	}
+	if got := rec.get(func(r *recorder) int { return r.drops[DropWrongQuestion] }); got != 1 {
+		t.Errorf("Wrong-question drops = %d, want 1", got)
+	}
+	if got := rec.get(func(r *recorder) int { return r.drops[DropUnknownID] }); got != 1 {
+		t.Errorf("Unknown-ID drops = %d, want 1", got)
+	}
+	if _, err := exchange(p, "fine.example."); err != nil {
+		t.Fatalf("Query after drops: %v", err)
+	}
+	if h := s.Handshakes(); h != 1 {
+		t.Errorf("Handshakes = %d, want 1: drops must not close the connection", h)
+	}
+}
