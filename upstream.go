@@ -34,6 +34,8 @@ type upstream struct {
 	lastFail atomic.Int64 // unix ns of the last failure
 	rtt      atomic.Int64 // EWMA of answer time in ns; 0 until the first answer
 	inflight atomic.Int64
+
+	hedgeDelay *hedgeEstimator // hedge auto's delay for queries to it; nil otherwise
 }
 
 func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
@@ -48,6 +50,19 @@ func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
 	u.cfg.Observer = u.obs
 	u.addrFunc = func() string { return u.addr }
 	return u
+}
+
+// enableHedging binds the hedge metrics of the upstream (only lines with hedge
+// export them) and, with hedge auto, gives it a delay estimator bounded by
+// [hedgeMinDelay, read_timeout/2]: a hedge later than that leaves the hedged
+// exchange little time before the first one times out and fails over anyway.
+func (u *upstream) enableHedging(c *hedgeConfig) {
+	u.obs.bindHedging()
+	if !c.auto {
+		u.obs.hedgeDelay.Set(c.delay.Seconds())
+		return
+	}
+	u.hedgeDelay = newHedgeEstimator(hedgeMinDelay, u.readTimeout()/2, u.obs.hedgeDelay)
 }
 
 // start creates the pool and starts probing. Calling it on a started upstream
@@ -121,10 +136,14 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 		if ctx.Err() == nil && end.Before(deadline) {
 			u.failed(err, took)
 		}
+		if errors.Is(err, dot.ErrTimeout) {
+			u.hedgeDelay.observe(took) // no answer after took: a lower bound of one
+		}
 		return nil, err
 	}
 	u.markUp()
 	u.observeRTT(took)
+	u.hedgeDelay.observe(took)
 	return ret, nil
 }
 
