@@ -66,7 +66,7 @@ func newDoTForward(from string, ups []*upstream, o *options) *DoTForward {
 	if o.hedge != nil {
 		f.hedge = newHedger(o.hedge)
 		for _, u := range ups {
-			u.enableHedging(o.hedge)
+			u.enableHedging(o.hedge, o.timeout)
 		}
 	}
 	return f

@@ -193,6 +193,9 @@ func setupCases(t testing.TB) []setupCase {
 			expect(t, "hedge percent", f.hedge.budget.percent, int64(10))
 			expect(t, "auto upper bound", f.upstreams[1].hedgeDelay.hi, time.Second) // half the default read_timeout
 		}},
+		{name: "hedge auto bounded by timeout", input: "dotforward . " + cf + " " + quad9 + " {\nhedge auto\ntimeout 600ms\n}", check: func(t *testing.T, fs []*DoTForward) {
+			expect(t, "auto upper bound", only(t, fs).upstreams[0].hedgeDelay.hi, 300*time.Millisecond)
+		}},
 		{name: "no hedge by default", input: "dotforward . " + cf + " " + quad9, check: func(t *testing.T, fs []*DoTForward) {
 			expect(t, "hedger", only(t, fs).hedge == nil, true)
 		}},

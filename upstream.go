@@ -54,15 +54,16 @@ func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
 
 // enableHedging binds the hedge metrics of the upstream (only lines with hedge
 // export them) and, with hedge auto, gives it a delay estimator bounded by
-// [hedgeMinDelay, read_timeout/2]: a hedge later than that leaves the hedged
-// exchange little time before the first one times out and fails over anyway.
-func (u *upstream) enableHedging(c *hedgeConfig) {
+// [hedgeMinDelay, half of read_timeout or of timeout, whichever is less]: a later
+// hedge leaves the hedge little time before the query times out or fails over
+// anyway.
+func (u *upstream) enableHedging(c *hedgeConfig, timeout time.Duration) {
 	u.obs.bindHedging()
 	if !c.auto {
 		u.obs.hedgeDelay.Set(c.delay.Seconds())
 		return
 	}
-	u.hedgeDelay = newHedgeEstimator(hedgeMinDelay, u.readTimeout()/2, u.obs.hedgeDelay)
+	u.hedgeDelay = newHedgeEstimator(hedgeMinDelay, min(u.readTimeout(), timeout)/2, u.obs.hedgeDelay)
 }
 
 // start creates the pool and starts probing. Calling it on a started upstream
