@@ -182,6 +182,9 @@ func quantile(sorted []int64, permille int) int64 {
 	return sorted[min(max(rank, 1), len(sorted))-1]
 }
 
+// errHedgePanicked is the outcome of a hedge whose exchange panicked.
+var errHedgePanicked = errors.New("hedge exchange panicked")
+
 // outcome is one exchange's result: the upstream, and its answer or error.
 type outcome struct {
 	u   *upstream
@@ -285,15 +288,23 @@ func (h *hedgeRun) run() {
 	ctx, cancel := context.WithCancel(h.parent)
 	h.cancel = cancel
 	h.mu.Unlock()
-	defer cancel()
+	// The race waits for this outcome, and a panic here, outside the query's
+	// goroutine, is not recovered by CoreDNS: it becomes an error outcome.
+	o := outcome{u: h.v, err: errHedgePanicked}
+	defer func() {
+		if p := recover(); p != nil {
+			log.Errorf("Hedge to %s panicked: %v", h.v.addr, p)
+		}
+		cancel()
+		h.done <- o
+	}()
 
 	h.v.obs.hedges.Inc()
 	ret, err := h.v.exchange(ctx, h.r, h.deadline)
-	o := outcome{u: h.v, ret: ret, err: err}
+	o = outcome{u: h.v, ret: ret, err: err}
 	if h.f.wins(o) {
 		h.cancelFirst()
 	}
-	h.done <- o
 }
 
 // stop abandons the hedge: it is not sent if it has not been yet, and cancelled

@@ -2,6 +2,7 @@ package dotforward
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -455,4 +456,18 @@ func BenchmarkServeDNSHedge(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A panic in the hedge's goroutine, which CoreDNS does not recover, becomes an
+// error outcome: the race waiting for it goes on, and the process lives.
+func TestHedgePanicBecomesAnOutcome(t *testing.T) {
+	v := testUpstreams(1)[0] // its hedge metrics are not bound: counting the hedge panics
+	f := &DoTForward{hedge: &hedger{budget: hedgeBudget{percent: 100}}}
+	f.hedge.budget.count()
+	h := &hedgeRun{f: f, v: v, r: newMsg("example.org.", dns.TypeA), parent: context.Background(),
+		cancelFirst: func() {}, done: make(chan outcome, 1)}
+	h.run()
+	if o := <-h.done; o.u != v || !errors.Is(o.err, errHedgePanicked) {
+		t.Errorf("Expected errHedgePanicked from %s, got %v from %v", v.addr, o.err, o.u)
+	}
 }

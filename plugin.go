@@ -167,8 +167,9 @@ func (f *DoTForward) release() {
 // With hedge, an attempt without an answer after the hedge delay races the next
 // upstream of the list (see attempt): the loop then gets the winner's outcome, or
 // both outcomes in list order, and handles each as if it had tried them in turn.
-// Each outcome is list[i] when its turn comes: the hedge went to list[i+1], and
-// handling the first outcome either moves i on or removes list[i].
+// Each of two outcomes is list[i] when its turn comes: the hedge went to
+// list[i+1], and handling the first outcome either moves i on or removes list[i].
+// A lone outcome of the hedge is a winner, returned at once.
 func (f *DoTForward) forward(ctx context.Context, r *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 	list, err := f.candidates()
 	if err != nil {
