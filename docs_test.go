@@ -665,6 +665,9 @@ var docRequiredMetrics = []string{
 	"coredns_dotforward_conn_closes_total",
 	"coredns_dotforward_replays_total",
 	"coredns_dotforward_upstream_healthy",
+	"coredns_dotforward_hedges_total",
+	"coredns_dotforward_hedge_wins_total",
+	"coredns_dotforward_hedge_delay_seconds",
 }
 
 func TestDashboardMetrics(t *testing.T) {
@@ -807,6 +810,7 @@ var optionSamples = map[string]string{
 	"failover": "SERVFAIL", "source_address": "127.0.0.1", "resolver": "127.0.0.1", "read_timeout": "2s",
 	"doh_method": "POST", "tls_pin": strings.Repeat("A", 43) + "=", "max_conns": "8", "max_inflight": "64",
 	"dial_timeout": "2s", "stall_timeout": "1s", "timeout": "4s", "no_padding": "", "no_keepalive": "", "no_coalesce": "",
+	"hedge": "20ms",
 }
 
 // migrationRow is an option row of the guide: the option and what the guide

@@ -113,6 +113,30 @@ var (
 		Name:      "healthcheck_broken_total",
 		Help:      "Counter of queries that found every upstream down.",
 	})
+	hedgesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "hedges_total",
+		Help:      "Counter of hedged queries: queries also sent to this upstream because the one before it had not answered within the hedge delay.",
+	}, []string{"to"})
+	hedgeWinsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "hedge_wins_total",
+		Help:      "Counter of hedged queries answered by a valid answer of this upstream, by which exchange it came from (first: the hedged one, hedge: the hedge).",
+	}, []string{"to", "winner"})
+	hedgeDelaySeconds = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "hedge_delay_seconds",
+		Help:      "Gauge of the delay after which a query to this upstream is hedged (hedge auto: derived from its recent answer times).",
+	}, []string{"to"})
+	hedgeBudgetExhausted = promauto.NewCounter(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "hedge_budget_exhausted_total",
+		Help:      "Counter of hedges not sent because the hedge budget (MAX_PERCENT of the queries) was spent.",
+	})
 	maxConcurrentRejects = promauto.NewCounter(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
@@ -141,6 +165,12 @@ type observer struct {
 	healthy       prometheus.Gauge
 	hcFailures    prometheus.Counter
 	noError       prometheus.Counter // the common rcode, bound in advance
+
+	// Bound by bindHedging, for lines with hedge only; nil otherwise.
+	hedges        prometheus.Counter
+	hedgeWinFirst prometheus.Counter
+	hedgeWinHedge prometheus.Counter
+	hedgeDelay    prometheus.Gauge
 }
 
 var (
@@ -166,6 +196,14 @@ func newObserver(to string) *observer {
 		hcFailures:    healthcheckFailures.WithLabelValues(to),
 		noError:       responsesTotal.WithLabelValues(to, rcodeLabel(dns.RcodeSuccess)),
 	}
+}
+
+// bindHedging binds the hedge metrics' label values.
+func (o *observer) bindHedging() {
+	o.hedges = hedgesTotal.WithLabelValues(o.to)
+	o.hedgeWinFirst = hedgeWinsTotal.WithLabelValues(o.to, "first")
+	o.hedgeWinHedge = hedgeWinsTotal.WithLabelValues(o.to, "hedge")
+	o.hedgeDelay = hedgeDelaySeconds.WithLabelValues(o.to)
 }
 
 // Dialed implements dot.Observer. A failed dial opened no connection, so only

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,7 @@ type DoTForward struct {
 	failover      map[int]bool
 	failfast      bool
 	hc            healthCheck
+	hedge         *hedger // nil: no hedging (the default)
 
 	concurrent atomic.Int64
 	started    atomic.Bool
@@ -60,6 +62,12 @@ func newDoTForward(from string, ups []*upstream, o *options) *DoTForward {
 	}
 	for _, rc := range o.failover {
 		f.failover[rc] = true
+	}
+	if o.hedge != nil {
+		f.hedge = newHedger(o.hedge)
+		for _, u := range ups {
+			u.enableHedging(o.hedge, o.timeout)
+		}
 	}
 	return f
 }
@@ -154,46 +162,61 @@ func (f *DoTForward) release() {
 // A message other than a QUERY (UPDATE, NOTIFY) may change state upstream, so it
 // is sent at most once: its first answer is returned whatever the rcode, and
 // after a failure it goes to another upstream only if the error proves it was
-// never written (see unsent).
+// never written (see unsent), and it is never hedged.
+//
+// With hedge, an attempt without an answer after the hedge delay races the next
+// upstream of the list (see attempt): the loop then gets the winner's outcome, or
+// both outcomes in list order, and handles each as if it had tried them in turn.
+// Each of two outcomes is list[i] when its turn comes: the hedge went to
+// list[i+1], and handling the first outcome either moves i on or removes list[i].
+// A lone outcome of the hedge is a winner, returned at once.
 func (f *DoTForward) forward(ctx context.Context, r *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 	list, err := f.candidates()
 	if err != nil {
 		return nil, err
 	}
 	once := r.Opcode != dns.OpcodeQuery
+	hedge := f.hedge != nil && !once // cleared once the query's one hedge is sent
+	if hedge {
+		f.hedge.budget.count()
+	}
 	var held *dns.Msg             // the last failover answer
 	var heldFrom, tried *upstream // who sent held; the last upstream tried
 	lastErr := ErrNoHealthy
-	for i, attempts := 0, 0; len(list) > 0 && (f.maxAttempts == 0 || attempts < f.maxAttempts); attempts++ {
+	for i, attempts := 0, 0; len(list) > 0 && (f.maxAttempts == 0 || attempts < f.maxAttempts); {
 		if err := expired(ctx, deadline); err != nil {
 			lastErr = withLast(err, lastErr)
 			break
 		}
 		i %= len(list)
-		u := list[i]
-		tried = u
-		ret, err := u.exchange(ctx, r, deadline)
-		switch {
-		case err == nil && (once || !f.failover[ret.Rcode]):
-			setUpstream(ctx, u)
-			return ret, nil
-		case err == nil:
-			held, heldFrom = ret, u
-		case errors.Is(err, dot.ErrBadQuery):
-			setUpstream(ctx, u)
-			return nil, err
-		default:
-			lastErr = upstreamError(u.addr, err)
-			if once && !unsent(err) {
+		outs, n := f.attempt(ctx, r, deadline, list, i, &hedge, f.attemptsLeft(attempts))
+		for _, o := range outs[:n] {
+			attempts++
+			i %= len(list)
+			u, ret, err := o.u, o.ret, o.err
+			tried = u
+			switch {
+			case err == nil && (once || !f.failover[ret.Rcode]):
 				setUpstream(ctx, u)
-				return nil, lastErr
+				return ret, nil
+			case err == nil:
+				held, heldFrom = ret, u
+			case errors.Is(err, dot.ErrBadQuery):
+				setUpstream(ctx, u)
+				return nil, err
+			default:
+				lastErr = upstreamError(u.addr, err)
+				if once && !unsent(err) {
+					setUpstream(ctx, u)
+					return nil, lastErr
+				}
+				if retryable(err) {
+					i++
+					continue
+				}
 			}
-			if retryable(err) {
-				i++
-				continue
-			}
+			list = append(list[:i], list[i+1:]...)
 		}
-		list = append(list[:i], list[i+1:]...)
 	}
 	if held != nil {
 		setUpstream(ctx, heldFrom)
@@ -201,6 +224,15 @@ func (f *DoTForward) forward(ctx context.Context, r *dns.Msg, deadline time.Time
 	}
 	setUpstream(ctx, tried)
 	return nil, lastErr
+}
+
+// attemptsLeft is how many attempts max_connect_attempts still allows after
+// attempts (a large number when it is 0: no cap); a hedge is one.
+func (f *DoTForward) attemptsLeft(attempts int) int {
+	if f.maxAttempts == 0 {
+		return math.MaxInt
+	}
+	return f.maxAttempts - attempts
 }
 
 // expired returns the reason to stop trying: ctx ended or the deadline passed.

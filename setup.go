@@ -140,6 +140,7 @@ type options struct {
 	failover      []int
 	failfast      bool
 	timeout       time.Duration
+	hedge         *hedgeConfig // nil: no hedging (the default)
 	pool          dot.Config
 	seen          map[string]pos // where each option was given
 }
@@ -173,6 +174,7 @@ var optionTable = map[string]optionFunc{
 	"policy":                           parsePolicy,
 	"health_check":                     parseHealthCheck,
 	"failover":                         parseFailover,
+	"hedge":                            parseHedge,
 	"source_address":                   parseSourceAddress,
 	"max_idle_conns":                   parseMaxIdleConns,
 	"force_tcp":                        ignoredFlag("force_tcp", "DoT always runs over TCP"),
@@ -358,6 +360,39 @@ func parseFailover(c *caddy.Controller, o *options) error {
 	return nil
 }
 
+// hedgeUsage is the form of the hedge option, for its errors.
+const hedgeUsage = "write hedge DELAY [MAX_PERCENT] (such as hedge 20ms) or hedge auto [MAX_PERCENT], MAX_PERCENT from 1 to 100 (default 5); remove the line to turn hedging off"
+
+// parseHedge reads `hedge DELAY|auto [MAX_PERCENT]`.
+func parseHedge(c *caddy.Controller, o *options) error {
+	args := c.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 {
+		return c.Errf("hedge takes a delay or auto and an optional MAX_PERCENT, got %d arguments: %s", len(args), hedgeUsage)
+	}
+	h := &hedgeConfig{percent: defaultHedgePercent}
+	if args[0] == "auto" {
+		h.auto = true
+	} else {
+		d, err := time.ParseDuration(args[0])
+		switch {
+		case err != nil:
+			return c.Errf("hedge: %q is neither a duration (such as 20ms) nor auto: %s", args[0], hedgeUsage)
+		case d <= 0:
+			return c.Errf("hedge: delay %q must be positive: %s", args[0], hedgeUsage)
+		}
+		h.delay = d
+	}
+	if len(args) == 2 {
+		n, err := strconv.Atoi(args[1])
+		if err != nil || n < 1 || n > 100 {
+			return c.Errf("hedge: MAX_PERCENT %q is not an integer from 1 to 100 (the largest share of queries that may be hedged): %s", args[1], hedgeUsage)
+		}
+		h.percent = n
+	}
+	o.hedge = h
+	return nil
+}
+
 func parseSourceAddress(c *caddy.Controller, o *options) error {
 	v, err := oneArg(c)
 	if err != nil {
@@ -391,6 +426,22 @@ func (o *options) check() error {
 	expire := o.pool.WithDefaults().IdleTimeout
 	if o.pool.MaxAge > 0 && o.pool.MaxAge < expire {
 		return o.seen["max_age"].errf("max_age %s must not be less than expire %s", o.pool.MaxAge, expire)
+	}
+	return o.checkHedge()
+}
+
+// checkHedge refuses a fixed hedge delay that could never fire before the
+// attempt it hedges ends: by then the query has failed over, or failed.
+func (o *options) checkHedge() error {
+	if o.hedge == nil || o.hedge.auto {
+		return nil
+	}
+	readTimeout := o.pool.ReadTimeout
+	if readTimeout == 0 {
+		readTimeout = dot.DefaultReadTimeout
+	}
+	if limit := min(readTimeout, o.timeout); o.hedge.delay >= limit {
+		return o.seen["hedge"].errf("hedge %s must be less than read_timeout %s and timeout %s, or no query is ever hedged: use a delay about the upstream's 95th percentile answer time, or hedge auto", o.hedge.delay, readTimeout, o.timeout)
 	}
 	return nil
 }

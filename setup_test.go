@@ -175,6 +175,31 @@ func setupCases(t testing.TB) []setupCase {
 		{name: "fifteen upstreams", input: "dotforward ." + fifteen, check: func(t *testing.T, fs []*DoTForward) {
 			expect(t, "upstreams", len(only(t, fs).upstreams), 15)
 		}},
+		{name: "hedge delay", input: "dotforward . " + cf + " " + quad9 + " {\nhedge 20ms\n}", check: func(t *testing.T, fs []*DoTForward) {
+			f := only(t, fs)
+			expect(t, "hedge delay", f.hedge.fixed, 20*time.Millisecond)
+			expect(t, "hedge percent", f.hedge.budget.percent, int64(defaultHedgePercent))
+			expect(t, "estimator", f.upstreams[0].hedgeDelay == nil, true)
+		}},
+		{name: "hedge auto", input: "dotforward . " + cf + " " + quad9 + " {\nhedge auto\nread_timeout 1s\n}", check: func(t *testing.T, fs []*DoTForward) {
+			f := only(t, fs)
+			expect(t, "hedge delay", f.hedge.fixed, time.Duration(0))
+			expect(t, "hedge percent", f.hedge.budget.percent, int64(5))
+			for _, u := range f.upstreams {
+				expect(t, "auto bounds", [2]time.Duration{u.hedgeDelay.lo, u.hedgeDelay.hi}, [2]time.Duration{hedgeMinDelay, 500 * time.Millisecond})
+			}
+		}},
+		{name: "hedge auto with a budget", input: "dotforward . " + cf + " " + quad9 + " {\nhedge auto 10\n}", check: func(t *testing.T, fs []*DoTForward) {
+			f := only(t, fs)
+			expect(t, "hedge percent", f.hedge.budget.percent, int64(10))
+			expect(t, "auto upper bound", f.upstreams[1].hedgeDelay.hi, time.Second) // half the default read_timeout
+		}},
+		{name: "hedge auto bounded by timeout", input: "dotforward . " + cf + " " + quad9 + " {\nhedge auto\ntimeout 600ms\n}", check: func(t *testing.T, fs []*DoTForward) {
+			expect(t, "auto upper bound", only(t, fs).upstreams[0].hedgeDelay.hi, 300*time.Millisecond)
+		}},
+		{name: "no hedge by default", input: "dotforward . " + cf + " " + quad9, check: func(t *testing.T, fs []*DoTForward) {
+			expect(t, "hedger", only(t, fs).hedge == nil, true)
+		}},
 		{name: "max_age equal to expire", input: "dotforward . " + cf + " {\nexpire 30s\nmax_age 30s\n}", check: func(t *testing.T, fs []*DoTForward) {
 			expect(t, "max age", only(t, fs).upstreams[0].cfg.MaxAge, 30*time.Second)
 		}},
@@ -233,6 +258,16 @@ func setupCases(t testing.TB) []setupCase {
 		{name: "negative max_age", input: "dotforward . " + cf + " {\nmax_age -1m\n}", err: []string{`max_age: "-1m" must be positive`}},
 		{name: "max_age below expire", input: "dotforward . " + cf + " {\nexpire 10s\n\nmax_age 5s\n}", err: []string{"Testfile:4", "max_age 5s must not be less than expire 10s"}},
 		{name: "max_age below default expire", input: "dotforward . " + cf + " {\nmax_age 1s\n}", err: []string{"Testfile:2", "must not be less than expire 8s"}},
+		{name: "hedge 0", input: "dotforward . " + cf + " {\nhedge 0\n}", err: []string{"Testfile:2", `hedge: delay "0" must be positive`, "hedge 20ms", "remove the line to turn hedging off"}},
+		{name: "negative hedge", input: "dotforward . " + cf + " {\nhedge -1s\n}", err: []string{"Testfile:2", `delay "-1s" must be positive`, "hedge DELAY [MAX_PERCENT]"}},
+		{name: "hedge auto 0", input: "dotforward . " + cf + " {\nhedge auto 0\n}", err: []string{"Testfile:2", `MAX_PERCENT "0" is not an integer from 1 to 100`, "hedge auto [MAX_PERCENT]"}},
+		{name: "hedge auto 101", input: "dotforward . " + cf + " {\n\nhedge auto 101\n}", err: []string{"Testfile:3", `MAX_PERCENT "101" is not an integer from 1 to 100`}},
+		{name: "hedge word", input: "dotforward . " + cf + " {\nhedge abc\n}", err: []string{"Testfile:2", `"abc" is neither a duration (such as 20ms) nor auto`, "hedge auto"}},
+		{name: "hedge without arguments", input: "dotforward . " + cf + " {\nhedge\n}", err: []string{"Testfile:2", "hedge takes a delay or auto", "got 0 arguments", "hedge DELAY [MAX_PERCENT]"}},
+		{name: "hedge too many arguments", input: "dotforward . " + cf + " {\nhedge 20ms 5 5\n}", err: []string{"Testfile:2", "got 3 arguments"}},
+		{name: "hedge twice", input: "dotforward . " + cf + " {\nhedge 20ms\nhedge auto\n}", err: []string{"Testfile:3", `"hedge" given twice (first on line 2)`}},
+		{name: "hedge after read_timeout", input: "dotforward . " + cf + " {\nhedge 2s\n}", err: []string{"Testfile:2", "hedge 2s must be less than read_timeout 2s and timeout 5s", "hedge auto"}},
+		{name: "hedge after timeout", input: "dotforward . " + cf + " {\nread_timeout 10s\nhedge 6s\ntimeout 6s\n}", err: []string{"Testfile:3", "hedge 6s must be less than read_timeout 10s and timeout 6s"}},
 		{name: "failover NOERROR", input: "dotforward . " + cf + " {\nfailover SERVFAIL NOERROR\n}", err: []string{"Testfile:2", `"NOERROR" cannot be used`}},
 		{name: "failover unknown rcode", input: "dotforward . " + cf + " {\nfailover BROKEN\n}", err: []string{`"BROKEN" is not an rcode`}},
 		{name: "failover without rcode", input: "dotforward . " + cf + " {\nfailover\n}", err: []string{"Wrong argument count"}},

@@ -27,6 +27,8 @@ type upstream struct {
 	prober   *prober
 	rtt      atomic.Int64 // EWMA of answer time in ns; 0 until the first answer
 	inflight atomic.Int64
+
+	hedgeDelay *hedgeEstimator // hedge auto's delay for queries to it; nil otherwise
 }
 
 // events is the upstream's dot.Observer: every pool event goes to the metrics,
@@ -62,6 +64,20 @@ func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
 	u.cfg.Observer = events{observer: obs, health: u.health}
 	u.addrFunc = func() string { return u.addr }
 	return u
+}
+
+// enableHedging binds the hedge metrics of the upstream (only lines with hedge
+// export them) and, with hedge auto, gives it a delay estimator bounded by
+// [hedgeMinDelay, half of read_timeout or of timeout, whichever is less]: a later
+// hedge leaves the hedge little time before the query times out or fails over
+// anyway.
+func (u *upstream) enableHedging(c *hedgeConfig, timeout time.Duration) {
+	u.obs.bindHedging()
+	if !c.auto {
+		u.obs.hedgeDelay.Set(c.delay.Seconds())
+		return
+	}
+	u.hedgeDelay = newHedgeEstimator(hedgeMinDelay, min(u.readTimeout(), timeout)/2, u.obs.hedgeDelay)
 }
 
 // start creates the pool and starts probing. Calling it on a started upstream
@@ -135,10 +151,14 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 		if ctx.Err() == nil && end.Before(deadline) {
 			u.failed(err, took)
 		}
+		if errors.Is(err, dot.ErrTimeout) {
+			u.hedgeDelay.observe(took) // no answer after took: a lower bound of one
+		}
 		return nil, err
 	}
 	u.health.answered()
 	u.observeRTT(took)
+	u.hedgeDelay.observe(took)
 	return ret, nil
 }
 

@@ -14,7 +14,7 @@
 #   BENCH_WARMUP=2      dnsperf warm-up before each measured run (not recorded)
 #   BENCH_CLIENTS=20 BENCH_INFLIGHT=200   dnsperf -c and -q
 #   BENCH_MODES="whoami fwd-udp fwd-tls dotforward unbound"
-#   BENCH_PHASES="throughput latency churn regimes profile micro"
+#   BENCH_PHASES="throughput latency churn regimes hedge profile micro"
 #   BENCH_CHURN_AFTER=100   answers per connection in the churn run
 #   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
 #   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
@@ -23,6 +23,8 @@
 #   BENCH_REGIME_SECONDS=10 BENCH_REGIME_WARMUP=2 BENCH_REGIME_CLIENTS=10 BENCH_REGIME_INFLIGHT=100
 #   BENCH_DOTFORWARD_OPTS=""  extra lines for dotforward's block in the regimes (";" or newline between options)
 #   BENCH_REGIMES_LABEL=""    a line at the top of regimes.md saying what the run is
+#   BENCH_HEDGE_SETTINGS="off 20ms auto" BENCH_HEDGE_ROUNDS=3 BENCH_HEDGE_QPS=2000 BENCH_HEDGE_SECONDS=10
+#   BENCH_HEDGE_WARMUP=3    the hedge phase's hedge settings ("_" for a space: auto_10), rounds, load, lengths
 #   BENCH_PORT_BASE=25300   ports BASE+1..BASE+41 on 127.0.0.1
 #   BENCH_COREDNS=./coredns BENCH_RESULTS=bench/results
 # A quick smoke run: BENCH_SECONDS=3 BENCH_ROUNDS=1 BENCH_WARMUP=1 bash bench/run.sh
@@ -34,6 +36,10 @@
 # server that answers a connection's queries in order, dnsdist before a slow backend,
 # an upstream cutting connections with a slow tail, unbound, and churn; it writes
 # bench/results/regimes.{md,json,svg} and leaves results.md alone when run alone.
+# The hedge phase (make bench-hedge, BENCH_PHASES=hedge): dotforward with policy
+# sequential in front of an upstream that answers 1 name in 20 after 300 ms and one
+# that answers at once, without hedging and with each hedge setting (issue 16); it
+# writes bench/results/hedge.{md,json,svg}.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -47,7 +53,7 @@ BENCH_WARMUP=${BENCH_WARMUP:-2}
 BENCH_CLIENTS=${BENCH_CLIENTS:-20}
 BENCH_INFLIGHT=${BENCH_INFLIGHT:-200}
 BENCH_MODES=${BENCH_MODES:-whoami fwd-udp fwd-tls dotforward unbound}
-BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes profile micro}
+BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes hedge profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
 BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
@@ -60,6 +66,11 @@ BENCH_REGIME_WARMUP=${BENCH_REGIME_WARMUP:-2}
 BENCH_REGIME_CLIENTS=${BENCH_REGIME_CLIENTS:-10}
 BENCH_REGIME_INFLIGHT=${BENCH_REGIME_INFLIGHT:-100}
 BENCH_REGIMES_LABEL=${BENCH_REGIMES_LABEL:-}
+BENCH_HEDGE_SETTINGS=${BENCH_HEDGE_SETTINGS:-off 20ms auto}
+BENCH_HEDGE_ROUNDS=${BENCH_HEDGE_ROUNDS:-3}
+BENCH_HEDGE_QPS=${BENCH_HEDGE_QPS:-2000}
+BENCH_HEDGE_SECONDS=${BENCH_HEDGE_SECONDS:-10}
+BENCH_HEDGE_WARMUP=${BENCH_HEDGE_WARMUP:-3}
 # Options for dotforward's block in the regimes; ";" separates them like a newline.
 DOTFORWARD_OPTS=$(printf '%s\n' "${BENCH_DOTFORWARD_OPTS:-}" | tr ';' '\n' | sed 's/^[[:space:]]*//; s/[[:space:]]*$//; /^$/d')
 DOTFORWARD_OPTS=${DOTFORWARD_OPTS//$'\n'/$'\n\t\t'} # indented like the block's other lines
@@ -89,10 +100,14 @@ FWD_PORT=$((BASE + 20))    # Unbound forwarder under test
 FWD_CTL_PORT=$((BASE + 21))
 FAKE_PORT=$((BASE + 30))   # fakedot (churn upstream)
 FAKE_STATS_PORT=$((BASE + 31))
+HEDGE_B_PORT=$((BASE + 32))       # the hedge phase's second upstream (fakedot, answering at once)
+HEDGE_B_STATS_PORT=$((BASE + 33))
 REG_DOT_PORT=$((BASE + 40))     # the regimes' DoT upstream (CoreDNS tls://, dnsdist)
 REG_BACKEND_PORT=$((BASE + 41)) # dnsdist-slow's plain-DNS backend
 METRICS_LINE=""
 UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
+HEDGE_B_ADDR=127.0.0.1:$HEDGE_B_PORT
+HEDGE_LINE="" # the hedge option of the hedge phase's dotforward block
 CLK_TCK=$(getconf CLK_TCK)
 
 has_phase() { [[ " $BENCH_PHASES " == *" $1 "* ]]; }
@@ -105,7 +120,7 @@ preflight() {
 	done
 	[ ${#missing[@]} -eq 0 ] || die "missing tools: ${missing[*]} (scripts/install-deps.sh installs them)"
 	[ -x "$COREDNS" ] || die "no CoreDNS binary at $COREDNS (make build writes ./coredns)"
-	if { has_mode dotforward || has_phase regimes; } && ! "$COREDNS" -plugins | grep -Eq '(^|[ .])dotforward$'; then
+	if { has_mode dotforward || has_phase regimes || has_phase hedge; } && ! "$COREDNS" -plugins | grep -Eq '(^|[ .])dotforward$'; then
 		die "$COREDNS has no dotforward plugin; build it with make build, or set BENCH_MODES without dotforward"
 	fi
 	if has_phase regimes; then
@@ -114,7 +129,7 @@ preflight() {
 	fi
 	local p
 	for p in $UDP_PORT $DOT_PORT $CTL_PORT $FRONT_PORT $METRICS_PORT $PPROF_PORT $FWD_PORT $FWD_CTL_PORT $FAKE_PORT $FAKE_STATS_PORT \
-		$REG_DOT_PORT $REG_BACKEND_PORT; do
+		$HEDGE_B_PORT $HEDGE_B_STATS_PORT $REG_DOT_PORT $REG_BACKEND_PORT; do
 		port_free "$p" || die "port $p on 127.0.0.1 is in use; set BENCH_PORT_BASE to a free range"
 	done
 }
@@ -156,9 +171,10 @@ start_fake() {
 	wait_tcp "$FAKE_PID" fakedot "$FAKE_STATS_PORT" || die "fakedot did not start"
 }
 
-# fake_stat KEY: one counter of fakedot.
+# fake_stat KEY [STATS_PORT]: one counter of fakedot (the one serving its counters
+# on STATS_PORT, by default the churn upstream's).
 fake_stat() {
-	http_get "$FAKE_STATS_PORT" /stats | awk -F= -v k="$1" '$1 == k { print $2 }'
+	http_get "${2:-$FAKE_STATS_PORT}" /stats | awk -F= -v k="$1" '$1 == k { print $2 }'
 }
 
 # metric_sum NAME [LABEL_FILTER]: sum of a CoreDNS metric's samples (optionally only
@@ -167,6 +183,13 @@ metric_sum() {
 	http_get "$METRICS_PORT" /metrics | awk -v n="$1" -v f="${2:-}" '
 		index($0, n) == 1 && (substr($0, length(n) + 1, 1) == "{" || substr($0, length(n) + 1, 1) == " ") && (f == "" || index($0, f)) { s += $NF }
 		END { printf "%d\n", s }'
+}
+
+# metric_float NAME [LABEL_FILTER]: as metric_sum, for gauges with fractions.
+metric_float() {
+	http_get "$METRICS_PORT" /metrics | awk -v n="$1" -v f="${2:-}" '
+		index($0, n) == 1 && (substr($0, length(n) + 1, 1) == "{" || substr($0, length(n) + 1, 1) == " ") && (f == "" || index($0, f)) { s += $NF }
+		END { printf "%.6f\n", s }'
 }
 
 # start_front MODE [metrics]: starts the forwarder under test; sets FRONT_PID,
@@ -651,6 +674,101 @@ phase_regimes() {
 	log "regimes took $took s; results in $RESULTS/regimes.md"
 }
 
+# hedge_counters: the hedge phase's readings, as "a b hedges wins_first wins_hedge
+# budget_exhausted late_drops": the two upstreams' query counts and dotforward's
+# hedge metrics (late drops: the abandoned exchanges' answers).
+hedge_counters() {
+	echo "$(fake_stat queries) $(fake_stat queries "$HEDGE_B_STATS_PORT")" \
+		"$(metric_sum coredns_dotforward_hedges_total)" \
+		"$(metric_sum coredns_dotforward_hedge_wins_total 'winner="first"')" \
+		"$(metric_sum coredns_dotforward_hedge_wins_total 'winner="hedge"')" \
+		"$(metric_sum coredns_dotforward_hedge_budget_exhausted_total)" \
+		"$(metric_sum coredns_dotforward_dropped_total 'reason="late"')"
+}
+
+# hedge_run SETTING ROUND: one measured run of dotforward in front of A (1 name in 20
+# after 300 ms) and B (at once) with `hedge SETTING` ("off": no hedge line; "_"
+# stands for a space), appended to hedge.jsonl. Everything starts afresh.
+hedge_run() {
+	local h=$1 round=$2 a_pid b_pid
+	start_fake 0 -delay "$SLOW_DELAY" -delay-prefix s
+	a_pid=$FAKE_PID
+	start_bg fakedot-b "$WORK/fakedot" -addr "127.0.0.1:$HEDGE_B_PORT" -stats "127.0.0.1:$HEDGE_B_STATS_PORT" \
+		-cert "$WORK/leaf.pem" -key "$WORK/leaf.key" -lifetime 10m
+	b_pid=$BG_PID
+	wait_tcp "$b_pid" fakedot-b "$HEDGE_B_STATS_PORT" || die "the second fakedot did not start"
+	UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
+	METRICS_LINE=""
+	HEDGE_LINE=""
+	[ "$h" = off ] || HEDGE_LINE="hedge ${h//_/ }"
+	start_front hedge-dotforward
+
+	local args=(-d "$WORK/queries-slow.txt" -c "$BENCH_REGIME_CLIENTS" -q "$BENCH_REGIME_INFLIGHT" -Q "$BENCH_HEDGE_QPS")
+	local tag=hedge-$h-r$round
+	dnsperf_run "$WORK/$tag.warmup" "$BENCH_HEDGE_WARMUP" -t 1 "${args[@]}"
+	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
+	alive "$FRONT_PID" "$FRONT_NAME" || die "dotforward died during the warm-up of $tag"
+	# Let the warm-up's slow answers (and their late drops) land before the readings.
+	sleep 1
+	local before after drops0 c0 c1
+	read -ra before < <(hedge_counters)
+	drops0=$(udp_rcvbuf_errors)
+	c0=$(cpu_ticks "$FRONT_PID")
+	dnsperf_run "$WORK/$tag.out" "$BENCH_HEDGE_SECONDS" -v "${args[@]}"
+	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
+	c1=$(cpu_ticks "$FRONT_PID")
+	alive "$FRONT_PID" "$FRONT_NAME" || die "dotforward died during $tag"
+	sleep 1 # the last abandoned exchanges' late answers
+	read -ra after < <(hedge_counters)
+	local delay=-1
+	[[ "$h" == auto* ]] && delay=$(metric_float coredns_dotforward_hedge_delay_seconds "to=\"127.0.0.1:$FAKE_PORT\"" | awk '{ print $1 * 1000 }')
+
+	"$WORK/benchtool" parse -in "$WORK/$tag.out" -split s -kvs "hedge=$h" -kv "round=$round" -kv "offered_qps=$BENCH_HEDGE_QPS" \
+		-kvs "load=-c $BENCH_REGIME_CLIENTS -q $BENCH_REGIME_INFLIGHT -Q $BENCH_HEDGE_QPS -l $BENCH_HEDGE_SECONDS" \
+		-kv "a_queries=$((after[0] - before[0]))" -kv "b_queries=$((after[1] - before[1]))" \
+		-kv "hedges=$((after[2] - before[2]))" -kv "wins_first=$((after[3] - before[3]))" -kv "wins_hedge=$((after[4] - before[4]))" \
+		-kv "budget_exhausted=$((after[5] - before[5]))" -kv "late_drops=$((after[6] - before[6]))" -kv "auto_delay_ms=$delay" \
+		-kv "cpu_ticks=$((c1 - c0))" -kv "clk_tck=$CLK_TCK" -kv "udp_rcvbuf_errors=$(($(udp_rcvbuf_errors) - drops0))" \
+		>>"$WORK/hedge.jsonl" || die "could not parse $WORK/$tag.out"
+	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
+	rm -f "$WORK/$tag.out"
+	stop_pid "$FRONT_PID"
+	stop_pid "$b_pid"
+	stop_pid "$a_pid"
+	log "$(tail -n 1 "$WORK/hedge.jsonl" | awk -v t="$tag" '{
+		match($0, /"p50_ms":[0-9.e+-]+/); p5 = substr($0, RSTART + 9, RLENGTH - 9)
+		match($0, /"p99_ms":[0-9.e+-]+/); p9 = substr($0, RSTART + 9, RLENGTH - 9)
+		match($0, /"p999_ms":[0-9.e+-]+/); p99 = substr($0, RSTART + 10, RLENGTH - 10)
+		match($0, /"b_queries":[0-9.e+-]+/); b = substr($0, RSTART + 12, RLENGTH - 12)
+		match($0, /"sent":[0-9.e+-]+/); n = substr($0, RSTART + 7, RLENGTH - 7)
+		match($0, /"lost":[0-9.e+-]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
+		printf "%-20s p50 %.2f ms  p99 %.1f ms  p99.9 %.1f ms  B %d of %d sent  lost %s", t, p5, p9, p99, b, n, l }')"
+}
+
+# phase_hedge measures issue 16's tail-latency regime for each of
+# BENCH_HEDGE_SETTINGS, BENCH_HEDGE_ROUNDS times in rotated order, and writes
+# bench/results/hedge.{md,json,svg}.
+phase_hedge() {
+	local t0=$SECONDS load0 h r
+	load0=$(cut -d' ' -f1-3 /proc/loadavg)
+	: >"$WORK/hedge.jsonl"
+	make_slow_queries
+	for ((r = 1; r <= BENCH_HEDGE_ROUNDS; r++)); do
+		log "hedge round $r/$BENCH_HEDGE_ROUNDS"
+		for h in $(rotated "$r" $BENCH_HEDGE_SETTINGS); do hedge_run "$h" "$r"; done
+	done
+	{
+		cat "$WORK/machine.env"
+		echo "warmup=$BENCH_HEDGE_WARMUP"
+		echo "hedge_seconds_total=$((SECONDS - t0))"
+		echo "loadavg_start=$load0"
+		echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)"
+	} >"$WORK/hedge.env"
+	"$WORK/benchtool" hedge -in "$WORK/hedge.jsonl" -out "$RESULTS" -machine "$WORK/hedge.env" || die "benchtool hedge failed"
+	cp "$WORK/hedge.jsonl" "$RESULTS/hedge.jsonl"
+	log "hedge took $((SECONDS - t0)) s; results in $RESULTS/hedge.md"
+}
+
 phase_micro() {
 	log "Go micro-benchmarks of dot/"
 	if ! timeout 600 go test -run '^$' -bench . -benchmem -timeout 8m ./dot/... >"$WORK/micro.txt" 2>&1; then
@@ -705,6 +823,7 @@ main() {
 	has_phase latency && phase_latency
 	has_phase churn && phase_churn
 	has_phase regimes && phase_regimes
+	has_phase hedge && phase_hedge
 	: >"$WORK/profile.txt"
 	has_phase profile && phase_profile
 	: >>"$WORK/micro.txt"
@@ -714,7 +833,7 @@ main() {
 	local hits
 	hits=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
 	log "upstream answered $hits queries in all"
-	# A run of the black hole or the regimes alone measured nothing for results.md: keep the last one.
+	# A run of the black hole, the regimes or the hedge phase alone measured nothing for results.md: keep the last one.
 	[ -s "$WORK/raw.jsonl" ] || return 0
 	"$WORK/benchtool" report -in "$WORK/raw.jsonl" -out "$RESULTS" -machine "$WORK/machine.env" \
 		-micro "$WORK/micro.txt" -profile "$WORK/profile.txt"

@@ -7,6 +7,7 @@
 //	benchtool median -in raw.jsonl -kind K -mode M -field F median of a field
 //	benchtool report -in raw.jsonl -out DIR [-machine F] [-micro F] [-profile F]
 //	benchtool regimes -in regimes.jsonl -out DIR [-machine F] [-label TEXT]
+//	benchtool hedge -in hedge.jsonl -out DIR [-machine F]
 package main
 
 import (
@@ -28,6 +29,8 @@ func main() {
 		err = reportCmd(os.Args[2:])
 	case "regimes":
 		err = regimesCmd(os.Args[2:])
+	case "hedge":
+		err = hedgeCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -38,6 +41,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool parse|median|report|regimes [flags]")
+	fmt.Fprintln(os.Stderr, "usage: benchtool parse|median|report|regimes|hedge [flags]")
 	os.Exit(2)
 }

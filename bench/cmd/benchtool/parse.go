@@ -182,6 +182,7 @@ func (st *dnsperfStats) record() map[string]any {
 		sort.Float64s(st.latencies)
 		rec["p50_ms"] = percentile(st.latencies, 50) * 1e3
 		rec["p99_ms"] = percentile(st.latencies, 99) * 1e3
+		rec["p999_ms"] = percentile(st.latencies, 99.9) * 1e3
 	}
 	if st.split != "" {
 		for name, l := range map[string][]float64{"slow": st.slow, "fast": st.fast} {
@@ -190,15 +191,18 @@ func (st *dnsperfStats) record() map[string]any {
 				sort.Float64s(l)
 				rec[name+"_p50_ms"] = percentile(l, 50) * 1e3
 				rec[name+"_p99_ms"] = percentile(l, 99) * 1e3
+				rec[name+"_p999_ms"] = percentile(l, 99.9) * 1e3
 			}
 		}
 	}
 	return rec
 }
 
-// percentile returns the nearest-rank p-th percentile of sorted values.
+// percentile returns the nearest-rank p-th percentile of sorted values. The rank
+// is rounded down within 1e-9 of an integer: 99.9 / 100 × 1000 is
+// 999.0000000000001 in floating point, and its rank is 999, not 1000.
 func percentile(sorted []float64, p float64) float64 {
-	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	rank := int(math.Ceil(p/100*float64(len(sorted)) - 1e-9))
 	rank = max(1, min(rank, len(sorted)))
 	return sorted[rank-1]
 }

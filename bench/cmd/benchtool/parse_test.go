@@ -43,7 +43,7 @@ func TestParseDnsperf(t *testing.T) {
 	rec := st.record()
 	want := map[string]float64{
 		"sent": 5, "completed": 4, "lost": 1, "not_noerror": 1, "latency_samples": 4,
-		"qps": 1.332908, "p50_ms": 0.2, "p99_ms": 0.4, "avg_ms": 0.25,
+		"qps": 1.332908, "p50_ms": 0.2, "p99_ms": 0.4, "p999_ms": 0.4, "avg_ms": 0.25,
 	}
 	for k, v := range want {
 		got, ok := rec[k].(float64)
@@ -65,6 +65,15 @@ func TestPercentile(t *testing.T) {
 	for _, c := range []struct{ p, want float64 }{{50, 5}, {99, 10}, {10, 1}, {100, 10}, {0, 1}} {
 		if got := percentile(v, c.p); got != c.want {
 			t.Errorf("Percentile %v = %v, want %v", c.p, got, c.want)
+		}
+	}
+	var k []float64
+	for i := range 1000 {
+		k = append(k, float64(i+1))
+	}
+	for _, c := range []struct{ p, want float64 }{{99.9, 999}, {99, 990}, {50, 500}, {99.95, 1000}} {
+		if got := percentile(k, c.p); got != c.want {
+			t.Errorf("Percentile %v of 1..1000 = %v, want %v", c.p, got, c.want)
 		}
 	}
 }
