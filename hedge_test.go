@@ -183,12 +183,19 @@ func TestHedgeExclusions(t *testing.T) {
 	t.Run("next down when the delay passes", func(t *testing.T) {
 		cert := testCert(t)
 		var f *DoTForward
-		a := startServer(t, cert, dottest.Options{Delay: func(dns.Question) time.Duration {
+		a := startServer(t, cert, dottest.Options{Delay: func(q dns.Question) time.Duration {
+			if q.Name == "warm.example.org." {
+				return 0
+			}
 			f.upstreams[1].health.setDown(dot.ErrDial) // before the 100ms hedge delay passes
 			return 500 * time.Millisecond
 		}})
 		b := startServer(t, cert, dottest.Options{})
 		f = newForward(t, cert, "policy sequential\nhedge 100ms 100", a.Addr, b.Addr)
+		// The connection to the first upstream is open before the query that
+		// counts: a handshake slower than the hedge delay would hedge it before
+		// the first upstream could mark the second one down.
+		answeredBy(t, f, newMsg("warm.example.org.", dns.TypeA))
 		if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != a.Addr || b.Queries() != 0 {
 			t.Errorf("Expected the first upstream's answer and no hedge, got %s's answer, %d queries at the second", from, b.Queries())
 		}
