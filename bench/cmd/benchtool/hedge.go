@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 )
@@ -167,41 +163,13 @@ func hedgeCmd(args []string) error {
 	}
 	res.Summaries = summarizeHedge(res.Runs)
 	res.Targets = hedgeTargets(res.Summaries)
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		return err
-	}
-	j, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(*out, "hedge.json"), append(j, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	writeHedge(&md, &res)
-	if err := os.WriteFile(filepath.Join(*out, "hedge.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(*out, "hedge.svg"), []byte(hedgeSVG(&res)), 0o644)
+	return writeResults(*out, "hedge", res, md.String(), "hedge.svg", hedgeSVG(&res))
 }
 
 func readHedgeRuns(path string) ([]HedgeRun, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var runs []HedgeRun
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for n := 1; sc.Scan(); n++ {
-		r := HedgeRun{AutoDelayMs: math.NaN()}
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
-		}
-		runs = append(runs, r)
-	}
-	return runs, sc.Err()
+	return readJSONL(path, func() HedgeRun { return HedgeRun{AutoDelayMs: math.NaN()} })
 }
 
 // hedgeTargets checks each setting with a target (hedge 20ms, hedge auto): its

@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -135,41 +131,13 @@ func regimesCmd(args []string) error {
 	}
 	res.Summaries = summarizeRegimes(runs)
 	res.Targets = regimeTargets(res.Summaries)
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		return err
-	}
-	j, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(*out, "regimes.json"), append(j, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	writeRegimes(&md, &res)
-	if err := os.WriteFile(filepath.Join(*out, "regimes.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(*out, "regimes.svg"), []byte(regimesSVG(&res)), 0o644)
+	return writeResults(*out, "regimes", res, md.String(), "regimes.svg", regimesSVG(&res))
 }
 
 func readRegimeRuns(path string) ([]RegimeRun, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var runs []RegimeRun
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for n := 1; sc.Scan(); n++ {
-		r := RegimeRun{UpstreamHS: -1}
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
-		}
-		runs = append(runs, r)
-	}
-	return runs, sc.Err()
+	return readJSONL(path, func() RegimeRun { return RegimeRun{UpstreamHS: -1} })
 }
 
 type regimeKey struct {

@@ -2,13 +2,11 @@ package main
 
 import (
 	"bufio"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -59,23 +57,9 @@ func reportCmd(args []string) error {
 	res.Summaries = summarize(runs)
 	res.Ratios = throughputRatios(res.Summaries, runs)
 	res.Targets = targets(res.Summaries, res.Ratios)
-
-	if err := os.MkdirAll(*out, 0o755); err != nil {
-		return err
-	}
-	j, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(*out, "results.json"), append(j, '\n'), 0o644); err != nil {
-		return err
-	}
 	var md strings.Builder
 	writeMarkdown(&md, &res, readOptional(*profile))
-	if err := os.WriteFile(filepath.Join(*out, "results.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(*out, "chart.svg"), []byte(chartSVG(res.Summaries, res.Machine)), 0o644)
+	return writeResults(*out, "results", res, md.String(), "chart.svg", chartSVG(res.Summaries, res.Machine))
 }
 
 func readOptional(path string) string {

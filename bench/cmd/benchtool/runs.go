@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 )
 
@@ -50,22 +51,47 @@ type Run struct {
 }
 
 func readRuns(path string) ([]Run, error) {
+	return readJSONL(path, func() Run { return Run{} })
+}
+
+// readJSONL reads one T per line of path, each starting from fresh() (which sets
+// the fields a line may leave out to their "absent" values).
+func readJSONL[T any](path string, fresh func() T) ([]T, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var runs []Run
+	var runs []T
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for n := 1; sc.Scan(); n++ {
-		var r Run
+		r := fresh()
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
 		}
 		runs = append(runs, r)
 	}
 	return runs, sc.Err()
+}
+
+// writeResults writes a phase's results into dir as name.json (v), name.md and
+// the chart file svgName.
+func writeResults(dir, name string, v any, md, svgName, svg string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	j, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(j, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, svgName), []byte(svg), 0o644)
 }
 
 // medianCmd prints the median of one field over the runs of one kind and mode,
