@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/plugin/metadata"
 
 	"github.com/dotforward/dotforward/dot"
@@ -443,26 +442,7 @@ func BenchmarkServeDNSHedge(b *testing.B) {
 	to := func(s *dottest.Server) string {
 		return "tls://" + strings.Replace(s.Addr, ":", "%"+dottest.ServerName+":", 1)
 	}
-	input := fmt.Sprintf("dotforward . %s %s {\ntls %s\npolicy sequential\nhedge 1s\n}", to(s1), to(s2), ca)
-	fs, err := parse(caddy.NewTestController("dns", input))
-	if err != nil {
-		b.Fatalf("Parsing: %v", err)
-	}
-	f := fs[0]
-	if err := f.OnStartup(); err != nil {
-		b.Fatalf("Starting: %v", err)
-	}
-	defer f.OnShutdown()
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		m := newMsg("example.org.", dns.TypeA)
-		for pb.Next() {
-			if _, rcode, err := serve(f, m); rcode != dns.RcodeSuccess {
-				b.Errorf("Expected an answer, got rcode %d, error %v", rcode, err)
-				return
-			}
-		}
-	})
+	benchServe(b, fmt.Sprintf("dotforward . %s %s {\ntls %s\npolicy sequential\nhedge 1s\n}", to(s1), to(s2), ca))
 }
 
 // A panic in the hedge's goroutine, which CoreDNS does not recover, becomes an

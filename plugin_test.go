@@ -654,6 +654,12 @@ func BenchmarkServeDNS(b *testing.B) {
 	s := dottest.Start(b, dottest.Options{Cert: cert})
 	ca := writeFile(b, b.TempDir(), "ca.pem", cert.CAPEM)
 	input := fmt.Sprintf("dotforward . tls://%s {\ntls %s\n}", strings.Replace(s.Addr, ":", "%"+dottest.ServerName+":", 1), ca)
+	benchServe(b, input)
+}
+
+// benchServe starts the dotforward line input and serves example.org A through
+// it in parallel, b.N times.
+func benchServe(b *testing.B, input string) {
 	fs, err := parse(caddy.NewTestController("dns", input))
 	if err != nil {
 		b.Fatalf("Parsing: %v", err)
