@@ -73,8 +73,10 @@ func TestBlackHoleKeepsMemoryBounded(t *testing.T) {
 		t.Errorf("Expected heap+stacks under %d MB, peaked at %d MB", memLimit>>20, peakHeap>>20)
 	}
 	// The deadline is enforced by the pool's sweeper (a twentieth of the read
-	// timeout) and the handler; allow one second of scheduling slack under -race.
-	if got := time.Duration(slowest.Load()); got > timeout+time.Second {
+	// timeout) and the handler. This catches a query left hanging far past it,
+	// not its precision: under -race, with other packages' tests on the same two
+	// CPUs, the slowest of 8,000 queries has come 1.4 s late.
+	if got := time.Duration(slowest.Load()); got > 2*timeout {
 		t.Errorf("Expected every query to fail within the %v timeout, the slowest took %v", timeout, got)
 	}
 	if !f.upstreams[0].Down() {
