@@ -2,7 +2,7 @@
 GO      ?= go
 BINARY  ?= coredns
 
-.PHONY: build test test-deps bench bench-blackhole clean
+.PHONY: build test test-deps bench bench-blackhole bench-regimes clean
 
 # build writes ./coredns: every standard CoreDNS plugin plus dotforward.
 build:
@@ -19,7 +19,8 @@ test-deps:
 	bash scripts/install-deps.sh
 
 # bench builds ./coredns and compares forward (UDP and TLS), dotforward and Unbound
-# with dnsperf; results land in bench/results/.
+# with dnsperf, then forward tls:// and dotforward in front of upstreams unlike
+# unbound (the regimes); results land in bench/results/.
 bench: test-deps build
 	bash bench/run.sh
 
@@ -27,6 +28,13 @@ bench: test-deps build
 # upstream that never answers; results land in bench/results/blackhole.md.
 bench-blackhole: test-deps build
 	BENCH_PHASES=blackhole bash bench/run.sh
+
+# bench-regimes runs only the regimes (issue 14): forward tls:// and dotforward side
+# by side in front of five kinds of upstream; results land in bench/results/regimes.*.
+# BENCH_DOTFORWARD_OPTS adds options to dotforward's block, BENCH_REGIMES_LABEL
+# says what the run is.
+bench-regimes: test-deps build
+	BENCH_PHASES=regimes bash bench/run.sh
 
 clean:
 	rm -f $(BINARY)

@@ -139,12 +139,19 @@ unbound_counter() {
 	echo "$v"
 }
 
-# render TEMPLATE OUT: copies TEMPLATE to OUT replacing every @NAME@ with $NAME.
+# render TEMPLATE OUT: copies TEMPLATE to OUT replacing every @NAME@ with $NAME
+# (values may hold several lines, and any of \ # &).
 render() {
-	local tpl=$1 out=$2 sedargs=() v
+	local tpl=$1 out=$2 sedargs=() v val
 	for v in WORK ZONE ANSWER SERVER_NAME UDP_PORT DOT_PORT CTL_PORT FRONT_PORT FWD_PORT \
-		FWD_CTL_PORT FAKE_PORT METRICS_LINE PPROF_PORT UPSTREAM_ADDR UNBOUND_THREADS; do
-		sedargs+=(-e "s#@$v@#${!v}#g")
+		FWD_CTL_PORT FAKE_PORT METRICS_LINE PPROF_PORT UPSTREAM_ADDR UNBOUND_THREADS \
+		METRICS_PORT REG_DOT_PORT REG_BACKEND_PORT ERRATIC_EVERY ERRATIC_DELAY BACKEND_DELAY DOTFORWARD_OPTS; do
+		val=${!v-}
+		val=${val//\\/\\\\}
+		val=${val//#/\\#}
+		val=${val//&/\\&}
+		val=${val//$'\n'/\\n}
+		sedargs+=(-e "s#@$v@#$val#g")
 	done
 	sed "${sedargs[@]}" "$tpl" >"$out"
 	if grep -q '@[A-Z_]*@' "$out"; then die "unfilled placeholder in $out: $(grep -o '@[A-Z_]*@' "$out" | head -1)"; fi

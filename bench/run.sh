@@ -4,8 +4,9 @@
 # all on 127.0.0.1, and writes bench/results/{results.md,results.json,chart.svg}.
 #
 # Phases: throughput (every mode, interleaved rounds), latency at a fixed offered
-# rate, churn (an upstream closing each connection after N answers), a CPU profile
-# of the dotforward mode, and the Go micro-benchmarks of dot/.
+# rate, churn (an upstream closing each connection after N answers), regimes
+# (forward tls:// and dotforward in front of upstreams unlike unbound), a CPU
+# profile of the dotforward mode, and the Go micro-benchmarks of dot/.
 #
 # Knobs (environment):
 #   BENCH_SECONDS=8     length of each measured dnsperf run
@@ -13,17 +14,26 @@
 #   BENCH_WARMUP=2      dnsperf warm-up before each measured run (not recorded)
 #   BENCH_CLIENTS=20 BENCH_INFLIGHT=200   dnsperf -c and -q
 #   BENCH_MODES="whoami fwd-udp fwd-tls dotforward unbound"
-#   BENCH_PHASES="throughput latency churn profile micro"
+#   BENCH_PHASES="throughput latency churn regimes profile micro"
 #   BENCH_CHURN_AFTER=100   answers per connection in the churn run
 #   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
 #   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
 #   BENCH_BLACKHOLE_QPS=10000 BENCH_BLACKHOLE_SECONDS=30   the opt-in blackhole phase
-#   BENCH_PORT_BASE=25300   ports BASE+1..BASE+31 on 127.0.0.1
+#   BENCH_REGIMES="coredns-erratic dnsdist-slow cut-slowtail unbound churn"
+#   BENCH_REGIME_SECONDS=10 BENCH_REGIME_WARMUP=2 BENCH_REGIME_CLIENTS=10 BENCH_REGIME_INFLIGHT=100
+#   BENCH_DOTFORWARD_OPTS=""  extra lines for dotforward's block in the regimes (";" or newline between options)
+#   BENCH_REGIMES_LABEL=""    a line at the top of regimes.md saying what the run is
+#   BENCH_PORT_BASE=25300   ports BASE+1..BASE+41 on 127.0.0.1
 #   BENCH_COREDNS=./coredns BENCH_RESULTS=bench/results
 # A quick smoke run: BENCH_SECONDS=3 BENCH_ROUNDS=1 BENCH_WARMUP=1 bash bench/run.sh
 # The black hole (make bench-blackhole, BENCH_PHASES=blackhole): dotforward in front of
 # an upstream that completes the TLS handshake and never answers, at a fixed rate;
 # it writes bench/results/blackhole.md and leaves results.md alone.
+# The regimes (make bench-regimes, BENCH_PHASES=regimes): forward tls:// and dotforward
+# side by side in front of upstreams unlike unbound (issue 14): a slow tail behind a
+# server that answers a connection's queries in order, dnsdist before a slow backend,
+# an upstream cutting connections with a slow tail, unbound, and churn; it writes
+# bench/results/regimes.{md,json,svg} and leaves results.md alone when run alone.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,13 +47,29 @@ BENCH_WARMUP=${BENCH_WARMUP:-2}
 BENCH_CLIENTS=${BENCH_CLIENTS:-20}
 BENCH_INFLIGHT=${BENCH_INFLIGHT:-200}
 BENCH_MODES=${BENCH_MODES:-whoami fwd-udp fwd-tls dotforward unbound}
-BENCH_PHASES=${BENCH_PHASES:-throughput latency churn profile micro}
+BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
 BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
 BENCH_BLACKHOLE_QPS=${BENCH_BLACKHOLE_QPS:-10000}
 BENCH_BLACKHOLE_SECONDS=${BENCH_BLACKHOLE_SECONDS:-30}
 BENCH_NAMES=${BENCH_NAMES:-100000}
+BENCH_REGIMES=${BENCH_REGIMES:-coredns-erratic dnsdist-slow cut-slowtail unbound churn}
+BENCH_REGIME_SECONDS=${BENCH_REGIME_SECONDS:-10}
+BENCH_REGIME_WARMUP=${BENCH_REGIME_WARMUP:-2}
+BENCH_REGIME_CLIENTS=${BENCH_REGIME_CLIENTS:-10}
+BENCH_REGIME_INFLIGHT=${BENCH_REGIME_INFLIGHT:-100}
+BENCH_REGIMES_LABEL=${BENCH_REGIMES_LABEL:-}
+# Options for dotforward's block in the regimes; ";" separates them like a newline.
+DOTFORWARD_OPTS=$(printf '%s\n' "${BENCH_DOTFORWARD_OPTS:-}" | tr ';' '\n' | sed 's/^[[:space:]]*//; s/[[:space:]]*$//; /^$/d')
+DOTFORWARD_OPTS=${DOTFORWARD_OPTS//$'\n'/$'\n\t\t'} # indented like the block's other lines
+# The regimes' upstreams (issue 14's table).
+ERRATIC_EVERY=20      # coredns-erratic: erratic holds back 1 query in 20 ...
+ERRATIC_DELAY=300ms   # ... for 300 ms
+BACKEND_DELAY=5ms     # dnsdist-slow: the backend answers every query after 5 ms
+SLOW_EVERY=20         # cut-slowtail: 1 name in 20 is answered after ...
+SLOW_DELAY=300ms      # ... 300 ms
+SLOW_CUT=50           # ... and every connection is cut after 50 answers
 UNBOUND_THREADS=${BENCH_UNBOUND_THREADS:-1}
 BASE=${BENCH_PORT_BASE:-25300}
 COREDNS=${BENCH_COREDNS:-$ROOT/coredns}
@@ -63,6 +89,8 @@ FWD_PORT=$((BASE + 20))    # Unbound forwarder under test
 FWD_CTL_PORT=$((BASE + 21))
 FAKE_PORT=$((BASE + 30))   # fakedot (churn upstream)
 FAKE_STATS_PORT=$((BASE + 31))
+REG_DOT_PORT=$((BASE + 40))     # the regimes' DoT upstream (CoreDNS tls://, dnsdist)
+REG_BACKEND_PORT=$((BASE + 41)) # dnsdist-slow's plain-DNS backend
 METRICS_LINE=""
 UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
 CLK_TCK=$(getconf CLK_TCK)
@@ -77,11 +105,16 @@ preflight() {
 	done
 	[ ${#missing[@]} -eq 0 ] || die "missing tools: ${missing[*]} (scripts/install-deps.sh installs them)"
 	[ -x "$COREDNS" ] || die "no CoreDNS binary at $COREDNS (make build writes ./coredns)"
-	if has_mode dotforward && ! "$COREDNS" -plugins | grep -Eq '(^|[ .])dotforward$'; then
+	if { has_mode dotforward || has_phase regimes; } && ! "$COREDNS" -plugins | grep -Eq '(^|[ .])dotforward$'; then
 		die "$COREDNS has no dotforward plugin; build it with make build, or set BENCH_MODES without dotforward"
 	fi
+	if has_phase regimes; then
+		command -v dnsdist >/dev/null 2>&1 || die "missing tool: dnsdist (scripts/install-deps.sh installs it)"
+		"$COREDNS" -plugins | grep -Eq '(^|[ .])erratic$' || die "$COREDNS has no erratic plugin (the regimes' slow upstreams)"
+	fi
 	local p
-	for p in $UDP_PORT $DOT_PORT $CTL_PORT $FRONT_PORT $METRICS_PORT $PPROF_PORT $FWD_PORT $FWD_CTL_PORT $FAKE_PORT $FAKE_STATS_PORT; do
+	for p in $UDP_PORT $DOT_PORT $CTL_PORT $FRONT_PORT $METRICS_PORT $PPROF_PORT $FWD_PORT $FWD_CTL_PORT $FAKE_PORT $FAKE_STATS_PORT \
+		$REG_DOT_PORT $REG_BACKEND_PORT; do
 		port_free "$p" || die "port $p on 127.0.0.1 is in use; set BENCH_PORT_BASE to a free range"
 	done
 }
@@ -425,6 +458,204 @@ write_blackhole() {
 	log "black hole results in $RESULTS/blackhole.md"
 }
 
+# make_slow_queries writes the query file of cut-slowtail: the names of queries.txt
+# with every SLOW_EVERY-th one renamed sNNNNNN, the names fakedot holds back.
+make_slow_queries() {
+	awk -v n="$BENCH_NAMES" -v z="$ZONE" -v e="$SLOW_EVERY" \
+		'BEGIN { for (i = 1; i <= n; i++) printf "%s%06d.%s A\n", (i % e == 0 ? "s" : "q"), i, z }' >"$WORK/queries-slow.txt"
+}
+
+# regime_upstream REGIME CUT: starts REGIME's upstream afresh (CUT: the churn
+# regime's answers per connection) and sets UPSTREAM_ADDR, REG_CONN_PORT (the DoT
+# port whose connections are counted), REG_STOP (PIDs to stop after the run, in
+# order), REG_UP_PID (the DoT server's), REG_FAKE (1: fakedot, which counts
+# handshakes) and REG_SETUP (the upstream in words, for regimes.md).
+regime_upstream() {
+	local reg=$1 cut=$2 dig_tls=(+tls "+tls-ca=$WORK/ca.pem" "+tls-hostname=$SERVER_NAME")
+	REG_STOP=()
+	REG_FAKE=0
+	UPSTREAM_ADDR=127.0.0.1:$REG_DOT_PORT
+	REG_CONN_PORT=$REG_DOT_PORT
+	case $reg in
+	coredns-erratic)
+		render bench/conf/regime-erratic.Corefile "$WORK/regime-erratic.Corefile"
+		start_bg regime-erratic "$COREDNS" -conf "$WORK/regime-erratic.Corefile"
+		REG_UP_PID=$BG_PID
+		REG_STOP=("$BG_PID")
+		wait_dns "$BG_PID" regime-erratic "$REG_DOT_PORT" "${dig_tls[@]}" || die "CoreDNS with erratic did not answer over DoT"
+		REG_SETUP="CoreDNS $COREDNS_VERSION's own \`tls://\` server block (bench/conf/regime-erratic.Corefile), which"\
+" like every miekg/dns server answers a connection's queries one at a time, in order, answering every A query itself"\
+" with \`erratic { delay $ERRATIC_EVERY $ERRATIC_DELAY }\`: erratic counts the queries of the whole server and holds back"\
+" the 1st, $((ERRATIC_EVERY + 1))st, $((2 * ERRATIC_EVERY + 1))st… for $ERRATIC_DELAY (1 query in $ERRATIC_EVERY,"\
+" whichever connection and name), so the later queries of that connection wait behind it."
+		;;
+	dnsdist-slow)
+		render bench/conf/regime-backend.Corefile "$WORK/regime-backend.Corefile"
+		start_bg regime-backend "$COREDNS" -conf "$WORK/regime-backend.Corefile"
+		REG_STOP=("$BG_PID")
+		wait_dns "$BG_PID" regime-backend "$REG_BACKEND_PORT" || die "the slow backend did not answer"
+		render bench/conf/dnsdist.conf.in "$WORK/dnsdist.conf"
+		start_bg dnsdist dnsdist --supervised --disable-syslog -C "$WORK/dnsdist.conf"
+		REG_UP_PID=$BG_PID
+		REG_STOP=("$BG_PID" "${REG_STOP[@]}")
+		wait_dns "$BG_PID" dnsdist "$REG_DOT_PORT" "${dig_tls[@]}" || die "dnsdist did not answer over DoT"
+		REG_SETUP="$DNSDIST_VERSION's DoT frontend with its defaults (bench/conf/dnsdist.conf.in: \`addTLSLocal\`"\
+" without \`maxInFlight\`, so it handles one query of a client connection at a time) in front of a plain-DNS"\
+" backend, a CoreDNS answering every query after $BACKEND_DELAY (\`erratic { delay 1 $BACKEND_DELAY }\`,"\
+" bench/conf/regime-backend.Corefile); dnsdist sends queries that came over TLS to the backend over TCP."
+		;;
+	cut-slowtail)
+		start_fake "$SLOW_CUT" -delay "$SLOW_DELAY" -delay-prefix s
+		REG_UP_PID=$FAKE_PID
+		REG_STOP=("$FAKE_PID")
+		REG_FAKE=1
+		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
+		REG_CONN_PORT=$FAKE_PORT
+		REG_SETUP="bench/cmd/fakedot (dot/dottest as a process: it answers a connection's queries concurrently) cutting"\
+" every connection after $SLOW_CUT answers (\`-close-after $SLOW_CUT\`: it serves the first $SLOW_CUT queries of a"\
+" connection, closes it right after the ${SLOW_CUT}th answer and never answers the queries after them, which the"\
+" client must send again elsewhere), and answering the names that start with \`s\` after $SLOW_DELAY"\
+" (\`-delay $SLOW_DELAY -delay-prefix s\`): every ${SLOW_EVERY}th name of the query file is one (1 name in $SLOW_EVERY)."\
+" *fast names* are the others."
+		;;
+	unbound)
+		REG_UP_PID=$UPSTREAM_PID
+		UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
+		REG_CONN_PORT=$DOT_PORT
+		REG_SETUP="The bench's upstream unbound (bench/conf/upstream.conf.in: 1 thread, local data), which answers a"\
+" connection's queries as they come, out of order, fast: the upstream dotforward's pool was built for."
+		;;
+	churn)
+		start_fake "$cut"
+		REG_UP_PID=$FAKE_PID
+		REG_STOP=("$FAKE_PID")
+		REG_FAKE=1
+		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
+		REG_CONN_PORT=$FAKE_PORT
+		REG_SETUP="bench/cmd/fakedot cutting every connection after $BENCH_CHURN_AFTER answers (\`-close-after"\
+" $BENCH_CHURN_AFTER\`), and the same server without cuts as the baseline, at full speed: the churn phase of"\
+" \`make bench\` with both modes. The target is that the cuts cost dotforward no larger share of its QPS than"\
+" they cost forward."
+		;;
+	*) die "unknown regime $reg (BENCH_REGIMES)" ;;
+	esac
+}
+
+# regime_run REGIME MODE CUT QPS: one measured run of MODE (fwd-tls or dotforward)
+# in front of REGIME's upstream, offered QPS queries/s (0: full speed), appended to
+# regimes.jsonl. The upstream and the front start afresh for every run.
+regime_run() {
+	local reg=$1 mode=$2 cut=$3 qps=$4
+	regime_upstream "$reg" "$cut"
+	METRICS_LINE=""
+	start_front "regime-$mode"
+
+	local qfile=$WORK/queries.txt split=() args load
+	if [ "$reg" = cut-slowtail ]; then
+		qfile=$WORK/queries-slow.txt
+		split=(-split s)
+	fi
+	# dnsperf takes the last of repeated options: these -d, -c and -q win over dnsperf_run's.
+	if [ "$qps" -gt 0 ]; then
+		args=(-d "$qfile" -c "$BENCH_REGIME_CLIENTS" -q "$BENCH_REGIME_INFLIGHT" -Q "$qps")
+		load="-c $BENCH_REGIME_CLIENTS -q $BENCH_REGIME_INFLIGHT -Q $qps -l $BENCH_REGIME_SECONDS"
+	else
+		args=(-d "$qfile")
+		load="-c $BENCH_CLIENTS -q $BENCH_INFLIGHT -l $BENCH_REGIME_SECONDS"
+	fi
+	local tag="regime-$reg-$mode-n$cut"
+	dnsperf_run "$WORK/$tag.warmup" "$BENCH_REGIME_WARMUP" -t 1 "${args[@]}"
+	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
+	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during the warm-up of $reg"
+
+	local dialm=coredns_proxy_conn_cache_misses_total d0 rep0=0 to0=0 hs0=0 drops0 c0 c1
+	[ "$mode" = dotforward ] && dialm=coredns_dotforward_dials_total
+	d0=$(metric_sum "$dialm")
+	if [ "$mode" = dotforward ]; then
+		rep0=$(metric_sum coredns_dotforward_replays_total)
+		to0=$(metric_sum coredns_dotforward_timeouts_total)
+	fi
+	[ "$REG_FAKE" = 1 ] && hs0=$(fake_stat handshakes)
+	drops0=$(udp_rcvbuf_errors)
+	c0=$(cpu_ticks "$FRONT_PID")
+
+	dnsperf_run "$WORK/$tag.out" "$BENCH_REGIME_SECONDS" -v "${args[@]}"
+	# Count the upstream connections once a second while the load runs.
+	local samples=() i
+	for ((i = 1; i < BENCH_REGIME_SECONDS; i++)); do
+		sleep 1
+		samples+=("$(est_conns "$REG_CONN_PORT")")
+	done
+	[ ${#samples[@]} -gt 0 ] || samples=("$(est_conns "$REG_CONN_PORT")")
+	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
+	c1=$(cpu_ticks "$FRONT_PID")
+	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during $reg"
+
+	local dials rep=0 to=0 hs=-1 cmed cmax
+	dials=$(($(metric_sum "$dialm") - d0))
+	if [ "$mode" = dotforward ]; then
+		rep=$(($(metric_sum coredns_dotforward_replays_total) - rep0))
+		to=$(($(metric_sum coredns_dotforward_timeouts_total) - to0))
+	fi
+	[ "$REG_FAKE" = 1 ] && hs=$(($(fake_stat handshakes) - hs0))
+	read -r cmed cmax < <(printf '%s\n' "${samples[@]}" | sort -n | awk '{ v[NR] = $1 } END {
+		m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m, v[NR] }')
+
+	"$WORK/benchtool" parse -in "$WORK/$tag.out" "${split[@]}" -kv kind=regime -kvs "regime=$reg" -kvs "mode=$mode" \
+		-kv round=1 -kv "close_after=$cut" -kv "offered_qps=$qps" -kvs "setup=$REG_SETUP" -kvs "load=$load" \
+		-kv "cpu_ticks=$((c1 - c0))" -kv "clk_tck=$CLK_TCK" -kv "rss_kb=$(rss_peak_kb "$FRONT_PID")" \
+		-kv "conns_median=$cmed" -kv "conns_max=$cmax" -kvs "conn_samples=${samples[*]}" \
+		-kv "dials=$dials" -kv "upstream_handshakes=$hs" -kv "replays=$rep" -kv "timeouts=$to" \
+		-kv "udp_rcvbuf_errors=$(($(udp_rcvbuf_errors) - drops0))" >>"$WORK/regimes.jsonl" ||
+		die "could not parse $WORK/$tag.out"
+	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
+	rm -f "$WORK/$tag.out"
+	stop_pid "$FRONT_PID"
+	local p
+	for p in "${REG_STOP[@]}"; do stop_pid "$p"; done
+	log "$(tail -n 1 "$WORK/regimes.jsonl" | awk -v t="$tag" -v c="$cmed/$cmax" -v d="$dials" '{
+		match($0, /"qps":[0-9.e+-]+/); q = substr($0, RSTART + 6, RLENGTH - 6)
+		match($0, /"p50_ms":[0-9.e+-]+/); p5 = substr($0, RSTART + 9, RLENGTH - 9)
+		match($0, /"p99_ms":[0-9.e+-]+/); p9 = substr($0, RSTART + 9, RLENGTH - 9)
+		match($0, /"lost":[0-9.e+-]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
+		printf "%-40s %7.0f qps  p50 %.2f ms  p99 %.1f ms  lost %s  conns %s  dials %s", t, q, p5, p9, l, c, d }')"
+}
+
+# phase_regimes runs forward tls:// and dotforward side by side in each of
+# BENCH_REGIMES (issue 14) and writes bench/results/regimes.{md,json,svg}.
+phase_regimes() {
+	local t0=$SECONDS i=0 reg m n load0
+	load0=$(cut -d' ' -f1-3 /proc/loadavg)
+	: >"$WORK/regimes.jsonl"
+	make_slow_queries
+	for reg in $BENCH_REGIMES; do
+		i=$((i + 1))
+		log "regime $reg"
+		for m in $(rotated "$i" fwd-tls dotforward); do
+			case $reg in
+			coredns-erratic | dnsdist-slow) regime_run "$reg" "$m" 0 2000 ;;
+			cut-slowtail | unbound) regime_run "$reg" "$m" 0 3000 ;;
+			churn) for n in "$BENCH_CHURN_AFTER" 0; do regime_run churn "$m" "$n" 0; done ;;
+			*) die "unknown regime $reg (BENCH_REGIMES)" ;;
+			esac
+		done
+	done
+	local took=$((SECONDS - t0))
+	{
+		cat "$WORK/machine.env"
+		echo "dnsdist=$DNSDIST_VERSION"
+		echo "regime_seconds=$BENCH_REGIME_SECONDS"
+		echo "dotforward_opts=$(printf '%s' "$DOTFORWARD_OPTS" | tr -s '\n\t' ';' | sed 's/;/; /g')"
+		echo "regimes_seconds_total=$took"
+		echo "loadavg_start=$load0"
+		echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)"
+	} >"$WORK/regimes.env"
+	"$WORK/benchtool" regimes -in "$WORK/regimes.jsonl" -out "$RESULTS" -machine "$WORK/regimes.env" \
+		-label "$BENCH_REGIMES_LABEL" || die "benchtool regimes failed"
+	cp "$WORK/regimes.jsonl" "$RESULTS/regimes.jsonl"
+	log "regimes took $took s; results in $RESULTS/regimes.md"
+}
+
 phase_micro() {
 	log "Go micro-benchmarks of dot/"
 	if ! timeout 600 go test -run '^$' -bench . -benchmem -timeout 8m ./dot/... >"$WORK/micro.txt" 2>&1; then
@@ -452,6 +683,8 @@ write_machine() {
 		echo "unbound_forwarder_threads=$UNBOUND_THREADS"
 		echo "modes=$BENCH_MODES"
 	} >"$WORK/machine.env"
+	COREDNS_VERSION=$("$COREDNS" -version 2>/dev/null | awk 'NR == 1 { sub(/^CoreDNS-/, ""); print }')
+	DNSDIST_VERSION=$(dnsdist --version 2>/dev/null | awk 'NR == 1 { print $1, $2 }')
 }
 
 main() {
@@ -476,6 +709,7 @@ main() {
 	has_phase throughput && phase_throughput
 	has_phase latency && phase_latency
 	has_phase churn && phase_churn
+	has_phase regimes && phase_regimes
 	: >"$WORK/profile.txt"
 	has_phase profile && phase_profile
 	: >>"$WORK/micro.txt"
@@ -485,7 +719,7 @@ main() {
 	local hits
 	hits=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
 	log "upstream answered $hits queries in all"
-	# A run of the black hole alone measured nothing for results.md: keep the last one.
+	# A run of the black hole or the regimes alone measured nothing for results.md: keep the last one.
 	[ -s "$WORK/raw.jsonl" ] || return 0
 	"$WORK/benchtool" report -in "$WORK/raw.jsonl" -out "$RESULTS" -machine "$WORK/machine.env" \
 		-micro "$WORK/micro.txt" -profile "$WORK/profile.txt"

@@ -6,6 +6,7 @@
 //	benchtool parse  -in dnsperf.out [-kv key=value ...]   one JSON record on stdout
 //	benchtool median -in raw.jsonl -kind K -mode M -field F median of a field
 //	benchtool report -in raw.jsonl -out DIR [-machine F] [-micro F] [-profile F]
+//	benchtool regimes -in regimes.jsonl -out DIR [-machine F] [-label TEXT]
 package main
 
 import (
@@ -25,6 +26,8 @@ func main() {
 		err = medianCmd(os.Args[2:])
 	case "report":
 		err = reportCmd(os.Args[2:])
+	case "regimes":
+		err = regimesCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -35,6 +38,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool parse|median|report [flags]")
+	fmt.Fprintln(os.Stderr, "usage: benchtool parse|median|report|regimes [flags]")
 	os.Exit(2)
 }

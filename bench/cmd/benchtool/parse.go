@@ -33,8 +33,11 @@ func (k kvFlags) Set(s string) error {
 func parseCmd(args []string) error {
 	fs := flag.NewFlagSet("parse", flag.ContinueOnError)
 	in := fs.String("in", "", "dnsperf output (run with -v)")
+	split := fs.String("split", "", "also give the percentiles of the names starting with this (slow_*) and of the others (fast_*) apart")
 	kv := kvFlags{}
 	fs.Var(kv, "kv", "key=value to add to the record (repeatable); numbers stay numbers")
+	kvs := kvFlags{}
+	fs.Var(kvs, "kvs", "key=value to add to the record as a string, even if it looks like a number (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -43,7 +46,7 @@ func parseCmd(args []string) error {
 		return err
 	}
 	defer f.Close()
-	st, err := parseDnsperf(f)
+	st, err := parseDnsperfSplit(f, *split)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *in, err)
 	}
@@ -54,6 +57,9 @@ func parseCmd(args []string) error {
 		} else {
 			rec[k] = v
 		}
+	}
+	for k, v := range kvs {
+		rec[k] = v
 	}
 	addCPU(rec)
 	return json.NewEncoder(os.Stdout).Encode(rec)
@@ -82,12 +88,20 @@ type dnsperfStats struct {
 	qps, runTime, avgLat  float64
 	rcodes                map[string]int64
 	latencies             []float64 // seconds, one per answered query
+	// With a split prefix: the latencies of the names starting with it (slow) and
+	// of the others (fast).
+	split      string
+	slow, fast []float64
 }
 
 var errNoStats = errors.New("no dnsperf statistics found (did dnsperf run to the end?)")
 
-func parseDnsperf(r io.Reader) (*dnsperfStats, error) {
-	st := &dnsperfStats{rcodes: map[string]int64{}, sent: -1}
+func parseDnsperf(r io.Reader) (*dnsperfStats, error) { return parseDnsperfSplit(r, "") }
+
+// parseDnsperfSplit also sorts the latencies into those of the names starting
+// with split (case-insensitive) and the others, unless split is empty.
+func parseDnsperfSplit(r io.Reader, split string) (*dnsperfStats, error) {
+	st := &dnsperfStats{rcodes: map[string]int64{}, sent: -1, split: strings.ToLower(split)}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
@@ -98,6 +112,13 @@ func parseDnsperf(r io.Reader) (*dnsperfStats, error) {
 			if len(f) == 5 {
 				if v, err := strconv.ParseFloat(f[4], 64); err == nil {
 					st.latencies = append(st.latencies, v)
+					switch {
+					case st.split == "":
+					case strings.HasPrefix(strings.ToLower(f[2]), st.split):
+						st.slow = append(st.slow, v)
+					default:
+						st.fast = append(st.fast, v)
+					}
 				}
 			}
 			continue
@@ -161,6 +182,16 @@ func (st *dnsperfStats) record() map[string]any {
 		sort.Float64s(st.latencies)
 		rec["p50_ms"] = percentile(st.latencies, 50) * 1e3
 		rec["p99_ms"] = percentile(st.latencies, 99) * 1e3
+	}
+	if st.split != "" {
+		for name, l := range map[string][]float64{"slow": st.slow, "fast": st.fast} {
+			rec[name+"_samples"] = float64(len(l))
+			if len(l) > 0 {
+				sort.Float64s(l)
+				rec[name+"_p50_ms"] = percentile(l, 50) * 1e3
+				rec[name+"_p99_ms"] = percentile(l, 99) * 1e3
+			}
+		}
 	}
 	return rec
 }

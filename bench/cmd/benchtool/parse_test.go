@@ -117,3 +117,29 @@ func TestUnexplainedLoss(t *testing.T) {
 		}
 	}
 }
+
+func TestParseDnsperfSplit(t *testing.T) {
+	in := strings.Replace(sample, "q000002.bench.test", "s000002.bench.test", 1)
+	st, err := parseDnsperfSplit(strings.NewReader(in), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := st.record()
+	want := map[string]float64{
+		"latency_samples": 4, "slow_samples": 1, "fast_samples": 3,
+		"slow_p50_ms": 0.1, "slow_p99_ms": 0.1, "fast_p50_ms": 0.3, "fast_p99_ms": 0.4,
+	}
+	for k, v := range want {
+		got, ok := rec[k].(float64)
+		if !ok || math.Abs(got-v) > 1e-9 {
+			t.Errorf("Record %s = %v, want %v", k, rec[k], v)
+		}
+	}
+	if _, ok := st.record()["slow_p50_ms"]; !ok {
+		t.Error("record() twice lost the split")
+	}
+	plain, _ := parseDnsperf(strings.NewReader(in))
+	if _, ok := plain.record()["fast_samples"]; ok {
+		t.Error("Without a split prefix the record has fast_samples")
+	}
+}

@@ -2,7 +2,9 @@
 // test server of dot/dottest as a process. It answers every A query with
 // 192.0.2.1 and, with -close-after N, closes each connection right after its Nth
 // answer, which no real server can be told to do, so that clients must reconnect
-// (and, ideally, resume their TLS sessions).
+// (and, ideally, resume their TLS sessions). With -delay D it holds back the
+// answers to the names that start with -delay-prefix (all names if that is
+// empty) for D: a slow tail (the regimes phase's cut-slowtail).
 //
 // Its counters are served as key=value lines on http://STATS/stats and printed
 // when it stops. It stops on SIGINT or SIGTERM, or by itself after -lifetime.
@@ -19,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,6 +44,8 @@ func run() error {
 	closeAfter := flag.Int("close-after", 0, "close each connection after this many answers (0: never)")
 	inOrder := flag.Bool("in-order", false, "answer one query at a time per connection, in arrival order")
 	drop := flag.Bool("drop", false, "never answer: read every query and drop it, keeping connections open (a black hole)")
+	delay := flag.Duration("delay", 0, "hold back the answers to names starting with -delay-prefix for this long (0: none)")
+	delayPrefix := flag.String("delay-prefix", "", "the names -delay applies to start with this (case-insensitive; empty: every name)")
 	lifetime := flag.Duration("lifetime", 15*time.Minute, "exit by itself after this long")
 	flag.Parse()
 
@@ -49,6 +54,9 @@ func run() error {
 	}
 	if *closeAfter < 0 {
 		return fmt.Errorf("-close-after %d: must be 0 or more", *closeAfter)
+	}
+	if *delay < 0 || *delay > time.Minute {
+		return fmt.Errorf("-delay %v: must be between 0 and 1m", *delay)
 	}
 	for _, a := range []string{*addr, *stats} {
 		if err := checkLoopback(a); err != nil {
@@ -69,6 +77,9 @@ func run() error {
 	if *drop {
 		opts.Drop = func(dns.Question) bool { return true }
 	}
+	if *delay > 0 {
+		opts.Delay = delayFunc(*delay, *delayPrefix)
+	}
 	srv, err := dottest.New(opts)
 	if err != nil {
 		return err
@@ -84,7 +95,8 @@ func run() error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go hs.Serve(ln) //nolint:errcheck // Serve returns when Shutdown closes the listener.
 
-	fmt.Printf("fakedot: serving DoT on %s, close-after %d, drop %v, stats on http://%s/stats\n", srv.Addr, *closeAfter, *drop, ln.Addr())
+	fmt.Printf("fakedot: serving DoT on %s, close-after %d, in-order %v, drop %v, delay %v for names starting with %q, stats on http://%s/stats\n",
+		srv.Addr, *closeAfter, *inOrder, *drop, *delay, *delayPrefix, ln.Addr())
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -98,6 +110,18 @@ func run() error {
 	_ = hs.Shutdown(shutdown)
 	writeStats(os.Stdout, srv)
 	return nil
+}
+
+// delayFunc holds back the answers to the names starting with prefix (every name
+// if prefix is empty) for d.
+func delayFunc(d time.Duration, prefix string) func(dns.Question) time.Duration {
+	prefix = strings.ToLower(prefix)
+	return func(q dns.Question) time.Duration {
+		if strings.HasPrefix(strings.ToLower(q.Name), prefix) {
+			return d
+		}
+		return 0
+	}
 }
 
 // writeStats prints the server's counters as key=value lines, easy to read from a

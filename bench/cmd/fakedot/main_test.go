@@ -1,6 +1,11 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
 
 func TestCheckLoopback(t *testing.T) {
 	for addr, ok := range map[string]bool{
@@ -15,5 +20,21 @@ func TestCheckLoopback(t *testing.T) {
 		if err := checkLoopback(addr); (err == nil) != ok {
 			t.Errorf("CheckLoopback(%q) = %v, want ok=%v", addr, err, ok)
 		}
+	}
+}
+
+func TestDelayFunc(t *testing.T) {
+	slow := delayFunc(300*time.Millisecond, "s")
+	for name, want := range map[string]time.Duration{
+		"s000020.bench.test.": 300 * time.Millisecond,
+		"S000020.bench.test.": 300 * time.Millisecond,
+		"q000001.bench.test.": 0,
+	} {
+		if got := slow(dns.Question{Name: name, Qtype: dns.TypeA}); got != want {
+			t.Errorf("delay(%q) = %v, want %v", name, got, want)
+		}
+	}
+	if got := delayFunc(5*time.Millisecond, "")(dns.Question{Name: "a.test."}); got != 5*time.Millisecond {
+		t.Errorf("empty prefix: delay = %v, want 5ms for every name", got)
 	}
 }
