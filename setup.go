@@ -299,7 +299,7 @@ var optionTable = map[string]optionFunc{
 	"max_fails":                        intOption(0, math.MaxInt32, func(o *options, n int) { o.maxFails = n }),
 	"max_connect_attempts":             intOption(0, math.MaxInt32, func(o *options, n int) { o.maxAttempts = n }),
 	"max_concurrent":                   intOption(0, math.MaxInt32, func(o *options, n int) { o.maxConcurrent = n }),
-	"max_conns":                        intOption(1, maxConns, func(o *options, n int) { o.pool.MaxConns = n }),
+	"max_conns":                        parseMaxConns,
 	"max_inflight":                     intOption(1, maxInflight, func(o *options, n int) { o.pool.MaxInflight = n }),
 	"expire":                           durationOption(false, func(o *options, d time.Duration) { o.pool.IdleTimeout = d }),
 	"max_age":                          durationOption(true, func(o *options, d time.Duration) { o.pool.MaxAge = d }),
@@ -374,6 +374,25 @@ func intOption(lo, hi int, set func(*options, int)) optionFunc {
 		set(o, n)
 		return nil
 	}
+}
+
+// parseMaxConns takes `auto`, the default (the pool sizes itself:
+// dot.Config.MaxConns 0), or a number of connections.
+func parseMaxConns(c *caddy.Controller, o *options) error {
+	v, err := oneArg(c)
+	if err != nil {
+		return err
+	}
+	if v == "auto" {
+		o.pool.MaxConns = 0
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxConns {
+		return c.Errf("max_conns: %q is neither auto nor an integer from 1 to %d", v, maxConns)
+	}
+	o.pool.MaxConns = n
+	return nil
 }
 
 func durationOption(allowZero bool, set func(*options, time.Duration)) optionFunc {

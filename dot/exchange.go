@@ -23,7 +23,6 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 	if err != nil {
 		return nil, err
 	}
-	replayed := false
 	for moves := 0; ; {
 		cl := p.newCall(ctx, q, deadline)
 		c, err := p.acquire(ctx, cl)
@@ -32,6 +31,9 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 			return nil, err
 		}
 		res, ok := c.await(ctx.Done(), cl)
+		if ok && res.err == errRescued {
+			res, ok = p.rescue(ctx, q, deadline, c, cl)
+		}
 		respChans.Put(cl.resp)
 		if !ok {
 			return nil, ctx.Err()
@@ -43,10 +45,10 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 		case errors.Is(res.err, ErrTimeout) && cl.callerDeadline:
 			// The caller's own deadline: say so, so it is not taken for a slow upstream.
 			return nil, wrap(res.err, context.DeadlineExceeded)
-		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
+		case errors.Is(res.err, errUnsent) && moves < p.capConns():
 			moves++ // never written: another connection, at no cost
-		case !replayed && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
-			replayed = true
+		case !q.resent && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
+			q.resent = true // a query is written twice at most: no rescue or replay after this
 			p.obs.Replayed()
 		case errors.Is(res.err, errUnsent):
 			return nil, wrap(ErrConnLost, res.err)
@@ -70,7 +72,7 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 // conn) the one completion was received then, or will never be sent, because the
 // caller gave the call up while it was live. The call itself cannot be recycled:
 // a tombstone keeps it.
-var respChans = sync.Pool{New: func() any { return make(chan result, 1) }}
+var respChans = sync.Pool{New: func() any { return make(chan result, 2) }}
 
 // newCall starts an attempt of q: it times out after ReadTimeout, or at the caller's
 // deadline (ctx's or the explicit one) if that comes first.
@@ -81,6 +83,7 @@ func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call 
 	}
 	q.firstUsed = true
 	cl.q, cl.resp = q, respChans.Get().(chan result)
+	cl.rescuable = !q.resent && q.opcode == dns.OpcodeQuery
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}

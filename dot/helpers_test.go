@@ -62,6 +62,11 @@ type recorder struct {
 	timeouts int
 	failures int
 	verdicts []bool // SharedRecords reports, in order
+	rescues  int
+	modes    []Mode // ModeLearned reports, in order
+	wanted   int    // the last Sized report
+	open     int
+	maxWant  int // the most connections ever wanted
 }
 
 func newRecorder() *recorder {
@@ -114,6 +119,24 @@ func (r *recorder) SharedRecords(shared bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.verdicts = append(r.verdicts, shared)
+}
+
+func (r *recorder) ModeLearned(m Mode, _ int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.modes = append(r.modes, m)
+}
+
+func (r *recorder) Sized(wanted, open int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wanted, r.open, r.maxWant = wanted, open, max(r.maxWant, wanted)
+}
+
+func (r *recorder) Rescued() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rescues++
 }
 
 func (r *recorder) get(f func(r *recorder) int) int {

@@ -27,6 +27,7 @@ type query struct {
 	// only touched by the goroutine running the exchange.
 	first     call
 	firstUsed bool
+	resent    bool // written a second time (rescued or replayed): never again
 }
 
 // Hop-by-hop EDNS options (RFC 7828, RFC 7830): they describe this TLS connection,

@@ -5,21 +5,32 @@ import (
 	"time"
 )
 
-// sweep runs on the pool's ticker. Under c.mu it times out calls past their
-// deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge and
-// judges what the connection's state calls for (sweepVerdictLocked); outside the
-// lock it completes the timed-out calls and closes the connection if it must.
-func (c *conn) sweep(now int64) {
+// sweep runs on the pool's full sweeps. Under c.mu it times out calls past their
+// deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge (and
+// calls for a successor shortly before), judges what the connection's state
+// calls for (sweepVerdictLocked) and collects what its answers said of the
+// upstream (returned, see answerLog); outside the lock it completes the
+// timed-out calls and closes the connection if it must. Answer times above
+// ceiling (if not 0) count as ceiling from now on.
+func (c *conn) sweep(now, ceiling int64) (e evidence, aloneSum int64, aloneN int) {
 	c.mu.Lock()
 	if c.state == stateClosed {
 		c.mu.Unlock()
-		return
+		return e, 0, 0
 	}
 	expired, oldest, next := c.timeoutsLocked(now)
-	if maxAge := c.pool.cfg.MaxAge; maxAge > 0 && now-c.born > int64(maxAge) {
-		c.setDrainingLocked(CloseMaxAge)
+	if maxAge := c.pool.cfg.MaxAge; maxAge > 0 {
+		age := time.Duration(now - c.born)
+		if age > maxAge-min(maxAge/8, c.idle/2, nearEndLead) {
+			c.nearEnd.Store(true)
+		}
+		if age > maxAge {
+			c.setDrainingLocked(CloseMaxAge)
+		}
 	}
 	v := c.sweepVerdictLocked(now, oldest, next)
+	e, aloneSum, aloneN = c.answers.collect()
+	c.answers.aloneCeiling = ceiling
 	c.mu.Unlock()
 
 	for _, cl := range expired {
@@ -32,7 +43,11 @@ func (c *conn) sweep(now int64) {
 	if len(expired) > 0 {
 		c.pool.slotFreed()
 	}
+	return e, aloneSum, aloneN
 }
+
+// nearEndLead bounds how long before MaxAge a connection's successor is dialled.
+const nearEndLead = time.Second
 
 // timeoutsLocked reaps expired tombstones and gives up the live calls past their
 // deadline, returning those (to be completed outside the lock) and the two
@@ -123,26 +138,70 @@ var (
 // queries are outstanding: a quarter of the stall timeout, at most 500ms.
 func drainQuiet(cfg *Config) time.Duration { return min(cfg.StallTimeout/4, 500*time.Millisecond) }
 
-// sweepLoop drives timeouts, tombstone expiry, stall, idle and drain checks for
-// every connection from one ticker.
+// sweepLoop drives, from one timer, the watch for blocked connections and the
+// sizing (every tick: fast while queries are outstanding) and the full sweep of
+// timeouts, tombstone expiry, stall, idle and drain checks and learning (every
+// sweepInterval).
 func (p *Pool) sweepLoop() {
 	defer p.wg.Done()
-	t := time.NewTicker(p.sweepInterval())
+	full := p.sweepInterval()
+	t := time.NewTimer(full)
 	defer t.Stop()
+	var next int64                  // unix ns of the next full sweep
+	due := nanotime() + int64(full) // when the timer should fire
 	for {
 		select {
 		case <-p.ctx.Done():
 			return
-		case now := <-t.C:
-			p.clock.Store(now.UnixNano())
-			for _, c := range *p.conns.Load() {
-				c.sweep(now.UnixNano())
-			}
+		case <-t.C:
 		}
+		now := nanotime()
+		p.clock.Store(now)
+		conns := *p.conns.Load()
+		busy, reads := p.watch(now, max(now-due, 0), conns)
+		sweep := now >= next
+		if sweep {
+			next = now + int64(full)
+			p.sweepAll(now, conns)
+		}
+		p.size(now, reads, conns, sweep)
+		d := full
+		if busy {
+			d = min(max(time.Duration(p.rescueDelay()/4), minWatchInterval), full)
+		}
+		t.Reset(d)
+		due = nanotime() + int64(d)
 	}
 }
 
-// sweepInterval is the timer granularity: a twentieth of the shortest timeout,
+// minWatchInterval is the fastest the sweeper ticks, while queries are outstanding.
+const minWatchInterval = minRescueDelay / 4
+
+// sweepAll sweeps every connection and learns from what their answers said.
+func (p *Pool) sweepAll(now int64, conns []*conn) {
+	m := &p.learned.mode
+	var e evidence
+	var sum int64
+	var n int
+	for _, c := range conns {
+		ce, cs, cn := c.sweep(now, 2*m.base.Load())
+		e.inversions += ce.inversions
+		e.busy += ce.busy
+		e.busySlow += ce.busySlow
+		sum, n = sum+cs, n+cn
+	}
+	e.rescued = float64(p.rescuesWon.Swap(0))
+	m.learnBase(sum, n)
+	if mode, changed := m.update(e, now); changed {
+		perConn := p.cfg.MaxInflight
+		if mode == ModeInOrder {
+			perConn = 1
+		}
+		p.sizeObs.ModeLearned(mode, perConn)
+	}
+}
+
+// sweepInterval is the full sweep's period: a twentieth of the shortest timeout,
 // between 5ms and 100ms.
 func (p *Pool) sweepInterval() time.Duration {
 	d := min(p.cfg.ReadTimeout, p.cfg.StallTimeout) / 20
