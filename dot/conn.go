@@ -32,6 +32,7 @@ type conn struct {
 	reads     atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
 	lastUsed  atomic.Int64 // pool clock (coarse) of the last query registered or answered
 	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
+	wroteAt   atomic.Int64 // unix ns of the last write of queries
 	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
@@ -96,6 +97,7 @@ func (c *conn) register(cl *call) bool {
 	c.checkQueryLimitLocked()
 	c.mu.Unlock()
 	c.lastUsed.Store(c.pool.clock.Load())
+	c.pool.kickSweeper()
 	select {
 	case c.writeq <- cl:
 		return true

@@ -211,11 +211,13 @@ func (l *answerLog) collect() (e evidence, aloneSum int64, aloneN int) {
 // serveMode is the learned Mode and the evidence behind it. The sweeper owns
 // everything but mode and base, which the hot path reads.
 type serveMode struct {
-	mode atomic.Int32 // a Mode
-	base atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
+	mode   atomic.Int32 // a Mode
+	base   atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
+	rescue atomic.Bool  // rescues won lately: a hint of in-order before the evidence suffices
 
-	until int64    // pool clock until which mode holds without new evidence
-	acc   evidence // decayed: each sweep keeps 7/8 of it
+	until    int64    // unix ns until which mode holds without new evidence
+	inverted int64    // unix ns of the last answer out of order seen
+	acc      evidence // decayed: each update keeps 7/8 of it (inversions unused)
 }
 
 // Thresholds of the mode decision (see serveMode.update).
@@ -223,30 +225,37 @@ const (
 	minRescueEvidence = 2    // rescues won (decayed count) that make an upstream in-order
 	minSlowEvidence   = 8    // busy answers at least serialGap apart (decayed count)...
 	slowShare         = 0.75 // ...that are this share of the busy answers
+	// outOfOrderQuiet: no evidence of in-order counts until this long after
+	// the last answer out of order.
+	outOfOrderQuiet = time.Second
 )
 
 // get returns the mode in force.
 func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
 
-// update folds a sweep's evidence into the mode: an answer out of order makes
-// the upstream out-of-order at once (an in-order server never does that); with
-// no such answer lately, rescues that were answered sooner than the query they
-// rescued had waited (it was stuck behind another, not slow itself), or answers
-// that keep coming a full serialGap apart, make it in-order. A mode holds learnedTTL past its last evidence, then is unknown
+// update folds what the answers showed since the last update into the mode:
+// an answer out of order makes the upstream out-of-order at once (an in-order
+// server never does that). With none for outOfOrderQuiet, rescues that were
+// answered sooner than the query they rescued had waited (it was stuck behind
+// another, not slow itself), or answers that keep coming a full serialGap apart
+// (minSlowEvidence of them, slowShare of those queued behind another), make it
+// in-order. A mode holds learnedTTL past its last evidence, then is unknown
 // again. It reports the mode and whether it changed.
 func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 	a := &m.acc
-	a.inversions = a.inversions*7/8 + e.inversions
 	a.rescued = a.rescued*7/8 + e.rescued
 	a.busy = a.busy*7/8 + e.busy
 	a.busySlow = a.busySlow*7/8 + e.busySlow
+	if e.inversions > 0 {
+		m.inverted = now
+	}
 	old, next := m.get(), m.get()
 	inOrder := a.rescued >= minRescueEvidence || (a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy)
 	switch {
 	case e.inversions > 0:
 		next = ModeOutOfOrder
 		m.until = now + int64(learnedTTL)
-	case a.inversions < 0.5 && inOrder:
+	case inOrder && now-m.inverted >= int64(outOfOrderQuiet):
 		next = ModeInOrder
 		if e.rescued > 0 || e.busySlow > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)
@@ -254,14 +263,12 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 	case now > m.until:
 		next = ModeUnknown
 	}
-	// What was evidence for the old mode says nothing about the new one.
-	switch {
-	case next == ModeOutOfOrder && old != next:
+	if next == ModeOutOfOrder && old != next {
+		// What was evidence of in-order says nothing of the new upstream.
 		a.rescued, a.busy, a.busySlow = 0, 0, 0
-	case next == ModeInOrder && old != next:
-		a.inversions = 0
 	}
 	m.mode.Store(int32(next))
+	m.rescue.Store(a.rescued >= 0.5)
 	return next, next != old
 }
 

@@ -31,6 +31,10 @@ type Pool struct {
 	rescuesWon atomic.Int32            // rescues answered sooner than their stuck query had waited, since the last sweep
 	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
 	sizer      sizer                   // the sweeper's
+	respChans  *sync.Pool              // see newRespChans
+	idleTicks  atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
+	probeDue   atomic.Bool             // in order: the next query that can is a probe (see probeConn)
+	kick       chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
@@ -62,7 +66,10 @@ func New(cfg Config) (*Pool, error) {
 	}
 	p := &Pool{cfg: cfg, tls: clientTLS(cfg), obs: cfg.Observer, wake: make(chan struct{})}
 	p.sizeObs = sizeObserver(cfg.Observer)
-	p.sizer.tokens = maxRescueBurst / 4
+	p.respChans = newRespChans()
+	p.kick = make(chan struct{}, 1)
+	p.idleTicks.Store(true)
+	p.sizer.tokens = maxRescueBurst
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.conns.Store(&[]*conn{})
 	p.clock.Store(nanotime())
@@ -78,6 +85,16 @@ func (p *Pool) Addr() string { return p.cfg.Addr }
 // are busy and the pool has room, and waiting (bounded by ctx and cl's deadline)
 // when every connection is full.
 func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
+	return p.acquireOr(ctx, cl, nil, nil)
+}
+
+// errOtherFirst: acquireOr's other channel delivered before a connection was found.
+var errOtherFirst = errors.New("dot: the other attempt completed first")
+
+// acquireOr is acquire that, while it waits, also listens on other (if not
+// nil): if that delivers first, it stores the result in got and fails with
+// errOtherFirst.
+func (p *Pool) acquireOr(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -106,11 +123,16 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 		if c := p.pick(cl); c != nil {
 			return c, nil
 		}
+		if cl.avoid != nil {
+			p.dialNow() // a rescue waits for a connection with nothing outstanding
+		}
 		if timer == nil {
 			timer = time.NewTimer(time.Until(time.Unix(0, cl.deadline)))
 		}
 		select {
 		case <-wake:
+		case *got = <-other:
+			return nil, errOtherFirst
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-timer.C:

@@ -180,6 +180,7 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 		cl.readsAt.Store(reads)
 		cl.sentAt.Store(now.UnixNano())
 	}
+	c.wroteAt.Store(now.UnixNano())
 	c.tc.SetWriteDeadline(now.Add(c.pool.cfg.WriteTimeout))
 	err := c.bc.flush()
 	if werr != nil {

@@ -1,17 +1,19 @@
 package dot
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"time"
 )
 
 // Rescues.
 //
-// A connection is blocked when a query written on it has waited rescueDelay
-// with an older one still outstanding and not a single answer read since it was
-// written: an in-order upstream serves it only after the older one, which is
-// slow (or the connection is dying). A blocked connection takes no new query
+// A connection is blocked when it has read nothing for rescueDelay and a query
+// written on it has waited that long with an older one still outstanding: an
+// in-order upstream serves it only after the older one, which is slow (or the
+// connection is dying). A blocked connection takes no new query
 // until it reads again, and the queries stuck on it are rescued: each caller is
 // told (a notice on its call's resp, errRescued) and sends its query once more,
 // on another connection (dialled if need be). The call stays live where it was,
@@ -20,12 +22,11 @@ import (
 // QUERY on its first attempt is rescued, and a query is never sent more than
 // twice (a rescued query is not replayed, nor rescued again).
 //
-// What a rescue costs is bounded: rescues are at most rescueShare of the
-// answers (with a burst of maxRescueBurst), and a connection is not taken for
-// blocked while no other connection with queries outstanding reads either,
-// which is the upstream (or this machine) pausing, not a slow query.
-// A rescue answered sooner than its stuck query had already waited is
-// evidence that the upstream serves a connection's queries in order.
+// What rescues cost is bounded: they are at most rescueShare of the answers
+// (with a burst of maxRescueBurst). A rescue answered sooner than its stuck
+// query had already waited is evidence that the upstream serves a connection's
+// queries in order: the query was stuck behind another, not slow itself, and
+// the upstream did not just pause (then both come late, the original first).
 
 const (
 	// minRescueDelay is the least a query waits, with nothing read, before it
@@ -38,6 +39,9 @@ const (
 	// rescues at once.
 	rescueShare    = 0.25
 	maxRescueBurst = 64
+	// outOfOrderRescueCost is what a rescue costs of the budget when the
+	// upstream is known to answer out of order: a tenth as many.
+	outOfOrderRescueCost = 10
 )
 
 // errRescued is a rescue notice: the call is stuck behind a slow answer and the
@@ -52,98 +56,118 @@ func (p *Pool) rescueDelay() int64 {
 // blockWatch is the sweeper's view of one connection's reads, for telling when
 // it is blocked. Sweeper only.
 type blockWatch struct {
-	reads  int64 // the connection's frames read at the last tick
-	since  int64 // unix ns since when reads has not moved
-	others int64 // frames the other connections had read then
+	reads int64 // the connection's frames read at the last tick
+	since int64 // unix ns since when reads has not moved
 }
 
 // watch runs on every tick. It finds blocked connections and rescues the calls
-// stuck on them (see rescueLocked), and reports whether any connection has
+// stuck on them (see conn.rescue), and reports whether any connection has
 // calls outstanding and how many frames all have read. late is how much later
 // than due the tick came: the time this process did not run is not counted as
 // time a connection read nothing.
 func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
-	reads := p.sizer.reads[:0]
-	loaded := 0 // connections with calls outstanding
 	for _, c := range conns {
-		reads = append(reads, c.reads.Load())
-		total += reads[len(reads)-1]
-		if c.load.Load() > 0 {
-			loaded++
-		}
-	}
-	p.sizer.reads = reads
-	delay := p.rescueDelay()
-	for i, c := range conns {
-		w := &c.watch
-		if reads[i] != w.reads || w.since == 0 {
-			w.reads, w.since, w.others = reads[i], now, total-reads[i]
+		w, r := &c.watch, c.reads.Load()
+		total += r
+		if r != w.reads || w.since == 0 {
+			w.reads, w.since = r, now
 		} else {
 			w.since = min(w.since+late, now)
 		}
-		load := c.load.Load()
-		if load == 0 {
-			continue
-		}
-		busy = true
-		if load < 2 || now-w.since < delay {
-			continue
-		}
-		// Others read during this quiet spell, or no other has anything to read.
-		if total-reads[i] > w.others || loaded == 1 {
-			c.rescueLocked(now, delay, &p.sizer.tokens)
+		busy = busy || c.load.Load() > 0
+	}
+	// Out of order, a query waits for nobody: one that takes long is most
+	// likely slow itself, and sending it again would double the work for
+	// nothing. A few rescues still find out if the upstream changed.
+	cost := 1.0
+	if p.learned.mode.get() == ModeOutOfOrder {
+		cost = outOfOrderRescueCost
+	}
+	delay := p.rescueDelay()
+	for _, c := range conns {
+		if c.load.Load() >= 2 && now-c.watch.since >= delay {
+			c.rescue(now, delay, cost, &p.sizer.tokens)
 		}
 	}
 	return busy, total
 }
 
-// rescueLocked marks c blocked if a written call has waited delay with an older
-// call outstanding and nothing read since it was written, and sends each such
-// call that may be rescued a rescue notice, as far as tokens allow.
-func (c *conn) rescueLocked(now, delay int64, tokens *float64) {
+// rescue is called on a connection that has read nothing for delay. It marks c
+// blocked if a written call has waited delay behind an older one still
+// outstanding. Then such calls that may be rescued get a rescue notice, oldest
+// first, as far as tokens allow, and the calls not yet written move to another
+// connection at no cost (errUnsent), rather than go out behind the slow one,
+// if the pool may have another.
+func (c *conn) rescue(now, delay int64, cost float64, tokens *float64) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state == stateClosed {
+	stuck := c.stuckLocked(now, delay)
+	if len(stuck) == 0 || c.state == stateClosed {
+		c.mu.Unlock()
 		return
 	}
-	var head uint32 // the oldest written call's seq, tombstones included
+	c.blockedAt.Store(c.reads.Load() + 1)
+	var moved []*call
 	for _, cl := range c.calls {
-		if cl.state.Load() == callSent && (head == 0 || cl.seq < head) { // seq is set before the state
-			head = cl.seq
+		if c.pool.capConns() > 1 && cl.state.CompareAndSwap(callQueued, callAbandoned) {
+			c.removeLocked(cl)
+			moved = append(moved, cl)
 		}
 	}
-	reads := c.reads.Load()
-	for _, cl := range c.calls {
-		if cl.state.Load() != callSent || cl.seq == head || cl.readsAt.Load() != reads || now-cl.sentAt.Load() < delay {
-			continue
-		}
-		c.blockedAt.Store(reads + 1)
-		if cl.tombUntil != 0 || !cl.rescuable || cl.rescued || *tokens < 1 || cl.deadline-now < delay {
+	slices.SortFunc(stuck, func(a, b *call) int { return cmp.Compare(a.seq, b.seq) })
+	for _, cl := range stuck {
+		if !cl.rescuable || cl.rescued || cl.deadline-now < delay || *tokens < cost {
 			continue
 		}
 		select {
 		case cl.resp <- result{err: errRescued}: // room for it: a live call is completed only under mu
 			cl.rescued = true
-			*tokens--
+			*tokens -= cost
 		default:
 		}
 	}
+	c.mu.Unlock()
+	for _, cl := range moved {
+		cl.complete(result{err: errUnsent})
+	}
+}
+
+// stuckLocked returns the live calls written delay ago or more while a call
+// written before them (live or a tombstone) is still outstanding.
+func (c *conn) stuckLocked(now, delay int64) []*call {
+	var head uint32 // the oldest written call's seq
+	for _, cl := range c.calls {
+		if cl.state.Load() == callSent && (head == 0 || cl.seq < head) { // seq is set before the state
+			head = cl.seq
+		}
+	}
+	var stuck []*call
+	for _, cl := range c.calls {
+		if cl.tombUntil == 0 && cl.state.Load() == callSent && cl.seq != head && now-cl.sentAt.Load() >= delay {
+			stuck = append(stuck, cl)
+		}
+	}
+	return stuck
 }
 
 // rescue sends q once more, on another connection than c, for its call cl that
 // is stuck there, and returns the first answer of the two attempts (see race).
-// If no other connection can take it, cl is simply awaited.
+// While it waits for a connection, an answer to cl still wins; if none can take
+// it, cl is simply awaited.
 func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn, cl *call) (result, bool) {
 	r := p.newCall(ctx, q, deadline)
 	r.avoid, r.rescuable = c, false
-	rc, err := p.acquire(ctx, r)
+	var got result
+	rc, err := p.acquireOr(ctx, r, cl.resp, &got)
 	if err != nil {
-		respChans.Put(r.resp)
+		p.respChans.Put(r.resp)
+		if errors.Is(err, errOtherFirst) {
+			return got, true
+		}
 		return c.await(ctx.Done(), cl)
 	}
 	q.resent = true
 	p.sizeObs.Rescued()
-	defer respChans.Put(r.resp)
+	defer p.respChans.Put(r.resp)
 	return p.race(ctx.Done(), attempt{c, cl}, attempt{rc, r})
 }
 
@@ -182,7 +206,9 @@ func (p *Pool) race(done <-chan struct{}, stuck, resc attempt) (result, bool) {
 				p.obs.Dropped(DropRescued) // both were in: the loser's answer goes nowhere
 			}
 		}
-		if i == 1 && nanotime()-start < waited {
+		// A record trial's second query may be stuck because the upstream
+		// does not read it (see records.go): its rescue says nothing of order.
+		if i == 1 && nanotime()-start < waited && !stuck.cl.trial {
 			p.rescuesWon.Add(1)
 		}
 		return res, true

@@ -1,7 +1,9 @@
 package dot
 
 import (
+	"cmp"
 	"math"
+	"math/rand/v2"
 	"time"
 )
 
@@ -42,6 +44,9 @@ const (
 	// pool keeps ready, so that a query finds one even while the sweeper has not
 	// yet seen that a busy connection is stuck behind a slow answer.
 	inOrderSpares = 2
+	// inOrderProbeEvery: one query in this many goes behind another on an
+	// in-order upstream, to see whether it still answers in order (probeConn).
+	inOrderProbeEvery = 256
 )
 
 // capConns is the most connections that take new queries, in force now.
@@ -64,10 +69,11 @@ func (p *Pool) maxOpen(capConns int) int {
 	return capConns + max(capConns, minExtraConns)
 }
 
-// takes reports whether c may take a new query: usable, not blocked behind a
-// slow answer, and not the connection the call is being rescued from.
+// takes reports whether c may take a new query: usable and not blocked behind
+// a slow answer. A rescue goes only to a connection with nothing outstanding,
+// so that it is not stuck in turn.
 func (c *conn) takes(cl *call) bool {
-	return !c.unusable.Load() && c != cl.avoid && !c.blocked()
+	return !c.unusable.Load() && !c.blocked() && (cl.avoid == nil || c != cl.avoid && c.load.Load() == 0)
 }
 
 // blocked reports whether the sweeper found c blocked and it has read nothing since.
@@ -97,13 +103,13 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
 		var best *conn
 		var load int32
-		fresh := 0 // connections taking queries that are not near their end
+		counted := 0 // connections that count toward the cap
 		for _, c := range *p.conns.Load() {
+			if p.countsTowardCap(c) {
+				counted++
+			}
 			if !c.takes(cl) {
 				continue
-			}
-			if !c.nearEnd.Load() {
-				fresh++
 			}
 			if l := c.load.Load(); best == nil && l < slots {
 				best, load = c, l
@@ -114,7 +120,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		}
 		if best.register(cl) {
 			near := best.nearEnd.Load()
-			if (near || load+1 >= slots*3/4) && (near || fresh < p.capConns()) && p.dialing.Load() == 0 {
+			if (near || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() == 0 {
 				p.dialNow()
 			}
 			return best
@@ -145,6 +151,12 @@ func (p *Pool) pickIdle(cl *call) *conn {
 				best, load = c, l
 			}
 		}
+		if cl.avoid == nil && (p.probeDue.Load() || rand.Uint32()%inOrderProbeEvery == 0) {
+			// A probe is due until one finds a connection to go on.
+			pc := p.probeConn(cl)
+			p.probeDue.Store(pc == nil)
+			best = cmp.Or(pc, best)
+		}
 		if best == nil {
 			return nil
 		}
@@ -156,6 +168,22 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		}
 	}
 	return nil
+}
+
+// probeConn returns a connection with one query outstanding, written within
+// twice the usual answer time (at least a millisecond), the latest such, or
+// nil. A query put behind it on purpose shows, if its answer overtakes the one
+// before, that the upstream no longer answers in order; if the one before is
+// slow after all, the probe is rescued like any other query.
+func (p *Pool) probeConn(cl *call) *conn {
+	recent := nanotime() - max(2*p.learned.mode.base.Load(), int64(time.Millisecond))
+	var best *conn
+	for _, c := range *p.conns.Load() {
+		if w := c.wroteAt.Load(); c.takes(cl) && c.load.Load() == 1 && w > recent {
+			best, recent = c, w
+		}
+	}
+	return best
 }
 
 // dialNow starts a dial if the pool may (see startDialLocked).
@@ -178,7 +206,7 @@ func (p *Pool) startDialLocked() bool {
 	}
 	conns, taking := *p.conns.Load(), 0
 	for _, c := range conns {
-		if !c.unusable.Load() && !c.blocked() && !c.nearEnd.Load() {
+		if p.countsTowardCap(c) {
 			taking++
 		}
 	}
@@ -194,6 +222,20 @@ func (p *Pool) startDialLocked() bool {
 	p.wg.Add(1)
 	go p.dial()
 	return true
+}
+
+// countsTowardCap reports whether c counts toward the cap of connections that
+// take queries: a connection draining or near its end does not (its successor
+// is dialled before it ends), nor does one blocked behind a slow answer, which
+// takes no query either, unless the mode is unknown and no rescue won lately:
+// then a blocked connection is as likely the upstream pausing, which more
+// connections would not help (unbound's hiccups on a busy machine).
+func (p *Pool) countsTowardCap(c *conn) bool {
+	if c.unusable.Load() || c.nearEnd.Load() {
+		return false
+	}
+	m := &p.learned.mode
+	return !c.blocked() || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
 }
 
 // dialLimitLocked is how many dials may run at once: one after a failure (the
@@ -212,13 +254,14 @@ func (p *Pool) dialLimitLocked() int {
 
 // sizer is the sweeper's view of the load, for sizing the pool. Sweeper only.
 type sizer struct {
-	at     int64   // unix ns of the last tick
-	total  int64   // frames read by all connections by then
-	reads  []int64 // watch's buffer: each connection's frames read
-	rate   float64 // answers per second, smoothed
-	tokens float64 // rescue budget (see rescue.go)
-	wanted int     // the last reported Sized figures
-	open   int
+	at       int64   // unix ns of the last tick
+	total    int64   // frames read by all connections by then
+	reads    []int64 // watch's buffer: each connection's frames read
+	rate     float64 // answers per second, smoothed
+	inflight float64 // queries outstanding (tombstones included), smoothed
+	tokens   float64 // rescue budget (see rescue.go)
+	wanted   int     // the last reported Sized figures
+	open     int
 }
 
 // size runs on every tick, after watch: from the answers read since the last
@@ -235,18 +278,21 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 		z.tokens = min(z.tokens+float64(n)*rescueShare, maxRescueBurst)
 	}
 	z.at, z.total = now, reads
-	open, busy, inflight := 0, 0, 0
+	open, busy, inflight, all := 0, 0, 0, 0
 	for _, c := range conns {
+		l := int(c.load.Load())
+		all += l
 		if c.unusable.Load() || c.blocked() || c.nearEnd.Load() {
 			continue
 		}
 		open++
-		if l := int(c.load.Load()); l > 0 {
+		if l > 0 {
 			busy++
 			inflight += l
 		}
 	}
-	needed := p.neededInOrder()
+	z.inflight += (float64(all) - z.inflight) / 8
+	needed := neededInOrder(max(z.inflight, float64(all)))
 	p.needed.Store(int32(needed))
 	wanted := p.wanted(busy, inflight, needed)
 	p.shortfall.Store(int32(max(wanted-open, 0)))
@@ -259,13 +305,12 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	}
 }
 
-// neededInOrder is what Little's law says an in-order upstream needs at most:
-// the connections busy on average (the arrival rate times the usual answer
-// time), with headroom for the bursts of a random arrival, plus two spares.
-func (p *Pool) neededInOrder() int {
-	base := time.Duration(p.learned.mode.base.Load())
-	busy := p.sizer.rate * base.Seconds()
-	n := inOrderHeadroom*busy + 3*math.Sqrt(busy) + inOrderSpares
+// neededInOrder is the most connections an in-order upstream needs with
+// inflight queries outstanding on average (Little's law: the arrival rate times
+// the answer time, slow answers included): one per query, with headroom for
+// the bursts of a random arrival, plus spares.
+func neededInOrder(inflight float64) int {
+	n := inOrderHeadroom*inflight + 3*math.Sqrt(inflight) + inOrderSpares
 	return int(math.Ceil(min(n, AutoMaxConnsInOrder)))
 }
 

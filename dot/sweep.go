@@ -7,16 +7,14 @@ import (
 
 // sweep runs on the pool's full sweeps. Under c.mu it times out calls past their
 // deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge (and
-// calls for a successor shortly before), judges what the connection's state
-// calls for (sweepVerdictLocked) and collects what its answers said of the
-// upstream (returned, see answerLog); outside the lock it completes the
-// timed-out calls and closes the connection if it must. Answer times above
-// ceiling (if not 0) count as ceiling from now on.
-func (c *conn) sweep(now, ceiling int64) (e evidence, aloneSum int64, aloneN int) {
+// calls for a successor shortly before) and judges what the connection's state
+// calls for (sweepVerdictLocked); outside the lock it completes the timed-out
+// calls and closes the connection if it must.
+func (c *conn) sweep(now int64) {
 	c.mu.Lock()
 	if c.state == stateClosed {
 		c.mu.Unlock()
-		return e, 0, 0
+		return
 	}
 	expired, oldest, next := c.timeoutsLocked(now)
 	if maxAge := c.pool.cfg.MaxAge; maxAge > 0 {
@@ -29,8 +27,6 @@ func (c *conn) sweep(now, ceiling int64) (e evidence, aloneSum int64, aloneN int
 		}
 	}
 	v := c.sweepVerdictLocked(now, oldest, next)
-	e, aloneSum, aloneN = c.answers.collect()
-	c.answers.aloneCeiling = ceiling
 	c.mu.Unlock()
 
 	for _, cl := range expired {
@@ -43,7 +39,16 @@ func (c *conn) sweep(now, ceiling int64) (e evidence, aloneSum int64, aloneN int
 	if len(expired) > 0 {
 		c.pool.slotFreed()
 	}
-	return e, aloneSum, aloneN
+}
+
+// collect returns and clears what c's answers said of the upstream since the
+// last collect (see answerLog); answer times above ceiling (if not 0) count as
+// ceiling from now on.
+func (c *conn) collect(ceiling int64) (e evidence, aloneSum int64, aloneN int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answers.aloneCeiling = ceiling
+	return c.answers.collect()
 }
 
 // nearEndLead bounds how long before MaxAge a connection's successor is dialled.
@@ -154,6 +159,8 @@ func (p *Pool) sweepLoop() {
 		case <-p.ctx.Done():
 			return
 		case <-t.C:
+		case <-p.kick:
+			t.Stop() // no stale tick after this (Go 1.23 timers)
 		}
 		now := nanotime()
 		p.clock.Store(now)
@@ -164,27 +171,51 @@ func (p *Pool) sweepLoop() {
 			next = now + int64(full)
 			p.sweepAll(now, conns)
 		}
+		if sweep || p.rescuesWon.Load() >= minRescueEvidence {
+			p.learn(now, conns) // at once on rescues that won: the mode decides where the next queries go
+		}
 		p.size(now, reads, conns, sweep)
 		d := full
 		if busy {
 			d = min(max(time.Duration(p.rescueDelay()/4), minWatchInterval), full)
 		}
+		p.idleTicks.Store(!busy) // before the reset: a query registered from now on kicks
 		t.Reset(d)
 		due = nanotime() + int64(d)
+	}
+}
+
+// kickSweeper wakes the sweeper if it ticks slowly (nothing was outstanding):
+// a query is now, and a connection it blocks must be seen within a fast tick.
+func (p *Pool) kickSweeper() {
+	if p.idleTicks.Load() && p.idleTicks.CompareAndSwap(true, false) {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 
 // minWatchInterval is the fastest the sweeper ticks, while queries are outstanding.
 const minWatchInterval = minRescueDelay / 4
 
-// sweepAll sweeps every connection and learns from what their answers said.
+// sweepAll sweeps every connection (see conn.sweep).
 func (p *Pool) sweepAll(now int64, conns []*conn) {
+	for _, c := range conns {
+		c.sweep(now)
+	}
+}
+
+// learn collects what the connections' answers said of the upstream (see
+// answerLog) and the rescues that won, and updates the mode and the usual
+// answer time; it reports a change of mode.
+func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var e evidence
 	var sum int64
 	var n int
 	for _, c := range conns {
-		ce, cs, cn := c.sweep(now, 2*m.base.Load())
+		ce, cs, cn := c.collect(2 * m.base.Load())
 		e.inversions += ce.inversions
 		e.busy += ce.busy
 		e.busySlow += ce.busySlow

@@ -57,8 +57,8 @@ type Options struct {
 	TLS func(*tls.Config)
 	// Addr is the listen address. Default "127.0.0.1:0".
 	Addr string
-	// Pipe serves connections made by Server.Dial over in-memory pipes instead
-	// of listening: for tests under testing/synctest, whose clock only advances
+	// Pipe serves connections made by Server.Dial over in-memory pipes (see the
+	// function Pipe) instead of listening: for tests under testing/synctest, whose clock only advances
 	// while every goroutine waits on something in memory, never on a socket.
 	// Start and use such a server inside the bubble.
 	Pipe bool
@@ -75,6 +75,8 @@ type Server struct {
 	ln   net.Listener
 
 	queries, answers, handshakes, resumed, conns, maxOutstanding, records atomic.Int64
+
+	inOrder atomic.Bool // Options.InOrder, changed by SetInOrder
 
 	mu             sync.Mutex
 	open           map[net.Conn]struct{} // guarded by mu
@@ -115,6 +117,7 @@ func New(opts Options) (*Server, error) {
 		Addr: pipeAddr, ServerName: ServerName, Cert: opts.Cert,
 		opts: opts, tls: cfg, open: map[net.Conn]struct{}{},
 	}
+	s.inOrder.Store(opts.InOrder)
 	if opts.Pipe {
 		return s, nil
 	}
@@ -137,7 +140,7 @@ var ErrClosed = errors.New("dottest: server closed")
 // Dial connects to a Pipe server over an in-memory pipe; it has the signature
 // of dot.Config.Dial. The server end is served like an accepted connection.
 func (s *Server) Dial(context.Context, string, string) (net.Conn, error) {
-	client, server := net.Pipe()
+	client, server := Pipe()
 	if !s.track(server) {
 		return nil, ErrClosed
 	}
@@ -157,6 +160,10 @@ func (s *Server) track(c net.Conn) bool {
 	s.open[c] = struct{}{}
 	return true
 }
+
+// SetInOrder changes whether the server answers each connection's queries one
+// at a time, in order (Options.InOrder), from the next query on.
+func (s *Server) SetInOrder(inOrder bool) { s.inOrder.Store(inOrder) }
 
 // ClientTLS returns a client configuration that trusts this server.
 func (s *Server) ClientTLS() *tls.Config { return s.Cert.ClientTLS(s.ServerName) }
@@ -323,7 +330,7 @@ func (sc *serverConn) query(wire []byte, received int) {
 		return
 	}
 	sc.noteOutstanding(1)
-	if sc.s.opts.InOrder {
+	if sc.s.inOrder.Load() {
 		sc.answer(q)
 		return
 	}
