@@ -40,6 +40,7 @@ type conn struct {
 	nextID     uint16           // guarded by mu
 	tombs      int              // guarded by mu
 	answered   int              // guarded by mu: answers delivered on this connection
+	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
 	state      connState        // guarded by mu; changed only by setDrainingLocked and closeFor
@@ -279,7 +280,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	clear(c.calls)
 	c.tombs = 0
 	c.load.Store(0)
-	answered := c.answered
+	answered, served := c.answered, c.served
 	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born)}
 	c.mu.Unlock()
 
@@ -294,7 +295,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	if wasOpen {
 		// Only a cut of a connection we were still feeding says anything about the
 		// server's limit: one that ends while draining was stopped by us first.
-		c.pool.learnLimit(reason, answered, len(live))
+		c.pool.learnLimit(reason, served, len(live))
 	}
 	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0}

@@ -55,11 +55,11 @@ func (l *queryLimit) learn(answered int) int32 {
 // connection after answering many queries teaches the pool its query limit. It
 // runs before the dead connection's queries are moved or replayed, so that the
 // connections they go to already respect the limit.
-func (p *Pool) learnLimit(reason CloseReason, answered, outstanding int) {
-	if reason != CloseServer || outstanding == 0 || answered < minLearnedLimit {
+func (p *Pool) learnLimit(reason CloseReason, served, outstanding int) {
+	if reason != CloseServer || outstanding == 0 || served < minLearnedLimit {
 		return
 	}
-	if limit := p.learned.limit.learn(answered); limit != 0 {
+	if limit := p.learned.limit.learn(served); limit != 0 {
 		// The connections opened with this one are as old and about to be cut
 		// too: they take no more queries than the limit either, so that the
 		// dead connection's replays do not land on them and die again.

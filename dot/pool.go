@@ -89,6 +89,11 @@ func (p *Pool) Addr() string { return p.cfg.Addr }
 // are busy and the pool has room, and waiting (bounded by ctx and cl's deadline)
 // when every connection is full.
 func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
+	// The common case without acquireOr's frame: the caller runs on CoreDNS's
+	// per-query goroutine, whose stack a deeper call chain would grow (copy).
+	if c := p.pick(cl); c != nil {
+		return c, nil
+	}
 	return p.acquireOr(ctx, cl, nil, nil)
 }
 

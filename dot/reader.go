@@ -81,6 +81,7 @@ func (c *conn) dispatch(frame []byte) {
 		c.answered++
 	}
 	if drop < 0 || drop == DropLate || drop == DropRescued {
+		c.served++
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime())
 	}
 	first := drop < 0 && c.answered == 1

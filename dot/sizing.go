@@ -120,7 +120,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		}
 		if best.register(cl) {
 			near := best.nearEnd.Load()
-			if (near || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() == 0 {
+			if (near || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() < maxParallelDials {
 				p.dialNow()
 			}
 			return best
@@ -201,14 +201,19 @@ func (p *Pool) dialNow() {
 func (p *Pool) startDialLocked() bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
-	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) || p.dials >= p.dialLimitLocked() {
+	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
 		return false
 	}
-	conns, taking := *p.conns.Load(), 0
+	conns, taking, ending := *p.conns.Load(), 0, 0
 	for _, c := range conns {
 		if p.countsTowardCap(c) {
 			taking++
+		} else if c.nearEnd.Load() && !c.unusable.Load() {
+			ending++
 		}
+	}
+	if p.dials >= p.dialLimitLocked(ending) {
+		return false
 	}
 	capConns := p.capConns()
 	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 {
@@ -239,17 +244,18 @@ func (p *Pool) countsTowardCap(c *conn) bool {
 }
 
 // dialLimitLocked is how many dials may run at once: one after a failure (the
-// backoff paces them) and for an out-of-order upstream that is not short of
-// connections; for an in-order one, or one short of several, up to
-// maxParallelDials.
-func (p *Pool) dialLimitLocked() int {
+// backoff paces them); for an in-order upstream maxParallelDials; otherwise one,
+// and one more for each connection near its end (a server that cuts
+// connections after a few dozen queries needs successors faster than one
+// handshake at a time gives them) and for each connection the load is short of.
+func (p *Pool) dialLimitLocked(ending int) int {
 	switch {
 	case p.redial.strikes > 0:
 		return 1
 	case p.learned.mode.get() == ModeInOrder:
 		return maxParallelDials
 	}
-	return min(max(int(p.shortfall.Load()), 1), maxParallelDials)
+	return min(1+ending+int(p.shortfall.Load()), maxParallelDials)
 }
 
 // sizer is the sweeper's view of the load, for sizing the pool. Sweeper only.
