@@ -177,17 +177,19 @@ func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 		return r, true
 	case <-done:
 	}
-	return c.release(cl, false)
+	return c.release(cl, false, 0)
 }
 
-// release ends the caller's interest in cl: a live call is given up (lost: because
-// the query's other attempt won), else the result that completed it is received
-// and returned, an answer in particular. It reports whether there was one.
-func (c *conn) release(cl *call, lost bool) (result, bool) {
+// release ends the caller's interest in cl: a live call is given up, else the
+// result that completed it is received and returned, an answer in particular.
+// It reports whether there was one. lost is set when the query's other attempt
+// won: then the late answer is dropped as rescued, and, for the original of a
+// rescue that won at wonAt, judged (see judgeLocked).
+func (c *conn) release(cl *call, lost bool, wonAt int64) (result, bool) {
 	c.mu.Lock()
 	live := c.calls[cl.id] == cl && cl.tombUntil == 0 && c.state != stateClosed
 	if live {
-		cl.lost = lost
+		cl.lost, cl.wonAt = lost, wonAt
 		c.giveUpLocked(cl, nanotime())
 	}
 	c.mu.Unlock()

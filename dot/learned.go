@@ -41,9 +41,14 @@ func (l *queryLimit) get() int32 {
 // queries. It returns the new limit if it lowered the one in force, else 0.
 // Either way the limit is kept for learnedTTL more: a cut may have been a one-off
 // (a restart), and a needlessly low limit costs handshakes.
+//
+// The limit keeps a margin of one query in 50 below the cut, for a server that
+// counts something else than queries (bytes): a handshake per connection is
+// what a server cutting connections costs most, so the margin is small, and a
+// cut before it only lowers the limit further.
 func (l *queryLimit) learn(answered int) int32 {
 	defer l.until.Store(nanotime() + int64(learnedTTL))
-	limit := int32(answered - answered/10) // a margin for servers that count bytes
+	limit := int32(answered - max(answered/50, 1))
 	if old := l.get(); old != 0 && limit >= old {
 		return 0
 	}

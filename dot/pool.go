@@ -29,7 +29,8 @@ type Pool struct {
 	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 	needed     atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
 	shortfall  atomic.Int32            // from the sweeper: connections wanted and not open
-	rescuesWon atomic.Int32            // rescues answered sooner than their stuck query had waited, since the last sweep
+	rescuesWon atomic.Int32            // rescues that won by a rescue delay or more, since the last learn (judgeLocked)
+	dialTime   atomic.Int64            // ns: how long a dial takes, smoothed
 	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
 	sizer      sizer                   // the sweeper's
 	respChans  *sync.Pool              // see newRespChans
@@ -94,7 +95,7 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 	if c := p.pick(cl); c != nil {
 		return c, nil
 	}
-	return p.acquireOr(ctx, cl, nil, nil)
+	return p.acquireSlow(ctx, cl, nil, nil)
 }
 
 // errOtherFirst: acquireOr's other channel delivered before a connection was found.
@@ -104,15 +105,14 @@ var errOtherFirst = errors.New("dot: the other attempt completed first")
 // nil): if that delivers first, it stores the result in got and fails with
 // errOtherFirst.
 func (p *Pool) acquireOr(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	if c := p.pick(cl); c != nil {
 		return c, nil
 	}
+	return p.acquireSlow(ctx, cl, other, got)
+}
+
+// acquireSlow is acquireOr once pick found no connection with room.
+func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
 	// Count ourselves as a waiter before taking the wake channel, and pick again
 	// after: a slot freed in between is then either seen by pick or wakes us. The
 	// waiters are bounded in proportion to the slots, whatever they wait for (a
@@ -124,6 +124,8 @@ func (p *Pool) acquireOr(ctx context.Context, cl *call, other <-chan result, got
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
 	}
 	defer p.waiters.Add(-1)
+	w := slotWait{ctx: ctx, cl: cl, other: other, got: got}
+	defer w.stop()
 	for {
 		wake, err := p.needConn()
 		if err != nil {
@@ -135,21 +137,47 @@ func (p *Pool) acquireOr(ctx context.Context, cl *call, other <-chan result, got
 		if cl.avoid != nil {
 			p.dialNow() // a rescue waits for a connection with nothing outstanding
 		}
-		if timer == nil {
-			timer = time.NewTimer(time.Until(time.Unix(0, cl.deadline)))
+		if err := w.wait(wake); err != nil {
+			return nil, err
 		}
-		select {
-		case <-wake:
-		case *got = <-other:
-			return nil, errOtherFirst
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-timer.C:
-			if cl.callerDeadline {
-				return nil, context.DeadlineExceeded // the caller's deadline, not ours
-			}
-			return nil, fmt.Errorf("%w: no free connection", ErrTimeout)
+	}
+}
+
+// slotWait is acquireSlow's waiting, in a frame of its own: pick, deep enough,
+// runs on the caller's stack without the select's.
+type slotWait struct {
+	ctx   context.Context
+	cl    *call
+	other <-chan result
+	got   *result
+	timer *time.Timer
+}
+
+// wait waits for wake, other, the context or the call's deadline.
+//
+//go:noinline
+func (w *slotWait) wait(wake <-chan struct{}) error {
+	if w.timer == nil {
+		w.timer = time.NewTimer(time.Until(time.Unix(0, w.cl.deadline)))
+	}
+	select {
+	case <-wake:
+		return nil
+	case *w.got = <-w.other:
+		return errOtherFirst
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	case <-w.timer.C:
+		if w.cl.callerDeadline {
+			return context.DeadlineExceeded // the caller's deadline, not ours
 		}
+		return fmt.Errorf("%w: no free connection", ErrTimeout)
+	}
+}
+
+func (w *slotWait) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
 	}
 }
 
@@ -201,6 +229,9 @@ func (p *Pool) dial() {
 	defer p.wg.Done()
 	start := time.Now()
 	tc, bc, err := p.handshake()
+	if err == nil {
+		p.noteDialTime(time.Since(start))
+	}
 	resumed := err == nil && tc.ConnectionState().DidResume
 	if err == nil || p.ctx.Err() == nil { // a dial cut short by Close is not reported
 		p.obs.Dialed(time.Since(start), resumed, err)

@@ -74,6 +74,7 @@ func (c *conn) dispatch(frame []byte) {
 		drop = DropLate
 		if cl.lost {
 			drop = DropRescued
+			c.pool.judgeLocked(cl, nanotime())
 		}
 		c.removeLocked(cl)
 	default:

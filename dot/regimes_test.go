@@ -57,11 +57,6 @@ type regimeOutcome struct {
 // offer sends n queries, one every gap, each from its own goroutine, named by
 // name(i), and returns how each went once all are done.
 func offer(p *Pool, n int, gap time.Duration, name func(i int) string) []regimeOutcome {
-	return offerPaced(p, n, func(int) time.Duration { return gap }, name)
-}
-
-// offerPaced is offer with a pause of gap(i) after the i-th query.
-func offerPaced(p *Pool, n int, gap func(i int) time.Duration, name func(i int) string) []regimeOutcome {
 	out := make([]regimeOutcome, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -70,7 +65,7 @@ func offerPaced(p *Pool, n int, gap func(i int) time.Duration, name func(i int) 
 			_, err := exchange(p, name(i))
 			out[i] = regimeOutcome{name(i), time.Since(start), err}
 		})
-		time.Sleep(gap(i))
+		time.Sleep(gap)
 	}
 	wg.Wait()
 	return out
@@ -318,6 +313,27 @@ func TestRegimeQueryLimitSlowTail(t *testing.T) {
 	})
 }
 
+// A server that cuts every connection after 25 answers, at a rate that uses one
+// up every few milliseconds, about as long as a handshake takes: successors are
+// dialled before their predecessors end, several at once, so that no query
+// waits for a handshake once the limit is known.
+func TestRegimeChurn(t *testing.T) {
+	const handshake = 4 * time.Millisecond
+	bubble(t, dottest.Options{CloseAfter: 25}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		warm := offer(p, 1000, 100*time.Microsecond, name)
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if p.learned.limit.get() == 0 {
+			t.Fatal("No query limit learned in the warm-up")
+		}
+		// 10,000 QPS: a connection of 24 queries lasts 2.4 ms, less than a
+		// handshake; one handshake at a time would give at most 6,000 QPS.
+		out := offer(p, 5000, 100*time.Microsecond, name)
+		checkOutcomes(t, out, func(string) time.Duration { return 0 })
+		t.Logf("%d handshakes, %d connections closed at the limit", s.Handshakes(), rec.get(func(r *recorder) int { return r.closes[CloseLimit] }))
+	})
+}
+
 // An upstream that changes how it serves a connection: in order with a slow
 // tail, then out of order, then in order again. The mode follows each change
 // (out of order as soon as an answer overtakes another, a probe's if need be;
@@ -331,14 +347,11 @@ func TestRegimeSwitchingUpstream(t *testing.T) {
 		if n.Add(1)%20 == 1 {
 			return slow
 		}
-		return time.Duration(n.Load()%3) * 100 * time.Microsecond // so that answers out of order show
+		return time.Duration(n.Load()%5) * 100 * time.Microsecond // so that answers out of order show
 	}}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		load := func(tag string, check bool) {
-			// Queries come in pairs, as from a busy client: a probe finds one
-			// just sent to go behind.
-			pairs := func(i int) time.Duration { return time.Duration(i%2) * time.Millisecond }
-			out := offerPaced(p, 1000, pairs, func(i int) string { return fmt.Sprintf("%s%d.example.", tag, i) })
+			out := offer(p, 1000, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("%s%d.example.", tag, i) })
 			checkOutcomes(t, out, func(string) time.Duration {
 				if !check {
 					return 2 * time.Second // settling: only failures count

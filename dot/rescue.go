@@ -23,10 +23,9 @@ import (
 // twice (a rescued query is not replayed, nor rescued again).
 //
 // What rescues cost is bounded: they are at most rescueShare of the answers
-// (with a burst of maxRescueBurst). A rescue answered sooner than its stuck
-// query had already waited is evidence that the upstream serves a connection's
-// queries in order: the query was stuck behind another, not slow itself, and
-// the upstream did not just pause (then both come late, the original first).
+// (with a burst of maxRescueBurst). A rescue that wins by a rescue delay or
+// more is evidence that the upstream serves a connection's queries in order
+// (see judgeLocked).
 
 const (
 	// minRescueDelay is the least a query waits, with nothing read, before it
@@ -39,10 +38,33 @@ const (
 	// rescues at once.
 	rescueShare    = 0.25
 	maxRescueBurst = 64
-	// outOfOrderRescueCost is what a rescue costs of the budget when the
-	// upstream is known to answer out of order: a tenth as many.
-	outOfOrderRescueCost = 10
 )
+
+// rescueCost is what a rescue costs of the budget in each mode. In order, one:
+// a quarter of the answers may be rescues. Unknown, four: a connection that
+// reads nothing may as well be the upstream pausing (the pool finds out from
+// the rescues, see judgeLocked). Out of order, ten: a query waits for nobody,
+// and one that takes long is most likely slow itself, so that sending it again
+// doubles the work for nothing; a few rescues still find out if the upstream
+// changed.
+var rescueCost = [modeCount]float64{ModeUnknown: 4, ModeOutOfOrder: 10, ModeInOrder: 1}
+
+// judgeLocked judges the original of a rescue that won (at cl.wonAt), when its
+// late answer comes or when the sweeper finds it still unanswered: if that is a
+// rescue delay or more after the rescue's answer, the original was stuck
+// behind another query (not slow itself, and the upstream did not just pause:
+// then both come at once), which is evidence that the upstream serves a
+// connection's queries in order. Each is judged once. A record trial's query is
+// not: it may have been stuck because the upstream did not read it (see
+// records.go). The connection's mu must be held.
+func (p *Pool) judgeLocked(cl *call, now int64) {
+	if cl.wonAt != 0 && now-cl.wonAt >= p.rescueDelay() {
+		if !cl.trial {
+			p.rescuesWon.Add(1)
+		}
+		cl.wonAt = 0
+	}
+}
 
 // errRescued is a rescue notice: the call is stuck behind a slow answer and the
 // caller is to send the query again elsewhere. The call stays live.
@@ -76,13 +98,7 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		}
 		busy = busy || c.load.Load() > 0
 	}
-	// Out of order, a query waits for nobody: one that takes long is most
-	// likely slow itself, and sending it again would double the work for
-	// nothing. A few rescues still find out if the upstream changed.
-	cost := 1.0
-	if p.learned.mode.get() == ModeOutOfOrder {
-		cost = outOfOrderRescueCost
-	}
+	cost := rescueCost[p.learned.mode.get()]
 	delay := p.rescueDelay()
 	for _, c := range conns {
 		if c.load.Load() >= 2 && now-c.watch.since >= delay {
@@ -132,7 +148,8 @@ func (c *conn) rescue(now, delay int64, cost float64, tokens *float64) {
 }
 
 // stuckLocked returns the live calls written delay ago or more while a call
-// written before them (live or a tombstone) is still outstanding.
+// written before them (live or a tombstone) is still outstanding; it judges the
+// originals of rescues that won on the way.
 func (c *conn) stuckLocked(now, delay int64) []*call {
 	var head uint32 // the oldest written call's seq
 	for _, cl := range c.calls {
@@ -142,7 +159,9 @@ func (c *conn) stuckLocked(now, delay int64) []*call {
 	}
 	var stuck []*call
 	for _, cl := range c.calls {
-		if cl.tombUntil == 0 && cl.state.Load() == callSent && cl.seq != head && now-cl.sentAt.Load() >= delay {
+		if cl.tombUntil != 0 {
+			c.pool.judgeLocked(cl, now)
+		} else if cl.state.Load() == callSent && cl.seq != head && now-cl.sentAt.Load() >= delay {
 			stuck = append(stuck, cl)
 		}
 	}
@@ -179,11 +198,8 @@ type attempt struct {
 
 // race waits for the first answer of a stuck attempt and its rescue and gives
 // up the other. An error of one leaves the other to answer; if both fail, the
-// last error is returned. A rescue answered sooner than the stuck call had
-// waited when it was rescued is counted as evidence of an in-order upstream.
+// last error is returned.
 func (p *Pool) race(done <-chan struct{}, stuck, resc attempt) (result, bool) {
-	start := nanotime()
-	waited := start - stuck.cl.sentAt.Load()
 	pending := [2]*attempt{&stuck, &resc}
 	var last result
 	for pending[0] != nil || pending[1] != nil {
@@ -202,14 +218,13 @@ func (p *Pool) race(done <-chan struct{}, stuck, resc attempt) (result, bool) {
 			continue
 		}
 		if other := pending[1-i]; other != nil {
-			if r, ok := other.c.release(other.cl, true); ok && answered(r) {
+			var wonAt int64
+			if i == 1 {
+				wonAt = nanotime() // the rescue won: judge the original when it comes
+			}
+			if r, ok := other.c.release(other.cl, true, wonAt); ok && answered(r) {
 				p.obs.Dropped(DropRescued) // both were in: the loser's answer goes nowhere
 			}
-		}
-		// A record trial's second query may be stuck because the upstream
-		// does not read it (see records.go): its rescue says nothing of order.
-		if i == 1 && nanotime()-start < waited && !stuck.cl.trial {
-			p.rescuesWon.Add(1)
 		}
 		return res, true
 	}
@@ -233,7 +248,7 @@ func (p *Pool) giveUpBoth(pending [2]*attempt) (result, bool) {
 		if a == nil {
 			continue
 		}
-		if r, ok := a.c.release(a.cl, false); ok && (!found || answered(r)) {
+		if r, ok := a.c.release(a.cl, false, 0); ok && (!found || answered(r)) {
 			got, found = r, true
 		}
 	}

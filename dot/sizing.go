@@ -300,15 +300,38 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	z.inflight += (float64(all) - z.inflight) / 8
 	needed := neededInOrder(max(z.inflight, float64(all)))
 	p.needed.Store(int32(needed))
-	wanted := p.wanted(busy, inflight, needed)
+	wanted := p.wanted(busy, inflight, needed) + p.successors(busy)
 	p.shortfall.Store(int32(max(wanted-open, 0)))
-	if wanted > open && p.dialing.Load() < maxParallelDials {
+	for range min(wanted-open, maxParallelDials) - int(p.dialing.Load()) {
 		p.dialNow()
 	}
 	if report && (wanted != z.wanted || open != z.open) {
 		z.wanted, z.open = wanted, open
 		p.sizeObs.Sized(wanted, open)
 	}
+}
+
+// successors is how many connections, beyond what the load holds, a server
+// that cuts connections at a learned query limit calls for: a connection near
+// its end takes half the limit more queries, and its successors must be ready
+// before that: the answer rate times the dial time, in such halves, and one.
+func (p *Pool) successors(busy int) int {
+	limit := p.learned.limit.get()
+	if limit == 0 || busy == 0 {
+		return 0
+	}
+	dial := time.Duration(p.dialTime.Load())
+	return int(math.Ceil(p.sizer.rate*dial.Seconds()/float64(max(limit/2, 1)))) + 1
+}
+
+// noteDialTime folds a dial's duration into the smoothed dial time.
+func (p *Pool) noteDialTime(d time.Duration) {
+	old := p.dialTime.Load()
+	if old == 0 {
+		p.dialTime.Store(int64(d))
+		return
+	}
+	p.dialTime.Store(old + (int64(d)-old)/8) // concurrent dials may lose a sample: no matter
 }
 
 // neededInOrder is the most connections an in-order upstream needs with
