@@ -665,6 +665,12 @@ var docRequiredMetrics = []string{
 	"coredns_dotforward_conn_closes_total",
 	"coredns_dotforward_replays_total",
 	"coredns_dotforward_upstream_healthy",
+	// and issue 14: the learned mode, connections wanted against those taking
+	// queries, rescued queries.
+	"coredns_dotforward_upstream_mode",
+	"coredns_dotforward_conns_wanted",
+	"coredns_dotforward_conns_taking",
+	"coredns_dotforward_rescues_total",
 }
 
 func TestDashboardMetrics(t *testing.T) {
