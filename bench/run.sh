@@ -468,8 +468,8 @@ make_slow_queries() {
 # regime_upstream REGIME CUT: starts REGIME's upstream afresh (CUT: the churn
 # regime's answers per connection) and sets UPSTREAM_ADDR, REG_CONN_PORT (the DoT
 # port whose connections are counted), REG_STOP (PIDs to stop after the run, in
-# order), REG_UP_PID (the DoT server's), REG_FAKE (1: fakedot, which counts
-# handshakes) and REG_SETUP (the upstream in words, for regimes.md).
+# order), REG_FAKE (1: fakedot, which counts handshakes) and REG_SETUP (the
+# upstream in words, for regimes.md).
 regime_upstream() {
 	local reg=$1 cut=$2 dig_tls=(+tls "+tls-ca=$WORK/ca.pem" "+tls-hostname=$SERVER_NAME")
 	REG_STOP=()
@@ -480,13 +480,12 @@ regime_upstream() {
 	coredns-erratic)
 		render bench/conf/regime-erratic.Corefile "$WORK/regime-erratic.Corefile"
 		start_bg regime-erratic "$COREDNS" -conf "$WORK/regime-erratic.Corefile"
-		REG_UP_PID=$BG_PID
 		REG_STOP=("$BG_PID")
 		wait_dns "$BG_PID" regime-erratic "$REG_DOT_PORT" "${dig_tls[@]}" || die "CoreDNS with erratic did not answer over DoT"
 		REG_SETUP="CoreDNS $COREDNS_VERSION's own \`tls://\` server block (bench/conf/regime-erratic.Corefile), which"\
 " like every miekg/dns server answers a connection's queries one at a time, in order, answering every A query itself"\
 " with \`erratic { delay $ERRATIC_EVERY $ERRATIC_DELAY }\`: erratic counts the queries of the whole server and holds back"\
-" the 1st, $((ERRATIC_EVERY + 1))st, $((2 * ERRATIC_EVERY + 1))st… for $ERRATIC_DELAY (1 query in $ERRATIC_EVERY,"\
+" queries number 1, $((ERRATIC_EVERY + 1)), $((2 * ERRATIC_EVERY + 1))… for $ERRATIC_DELAY (1 query in $ERRATIC_EVERY,"\
 " whichever connection and name), so the later queries of that connection wait behind it."
 		;;
 	dnsdist-slow)
@@ -496,7 +495,6 @@ regime_upstream() {
 		wait_dns "$BG_PID" regime-backend "$REG_BACKEND_PORT" || die "the slow backend did not answer"
 		render bench/conf/dnsdist.conf.in "$WORK/dnsdist.conf"
 		start_bg dnsdist dnsdist --supervised --disable-syslog -C "$WORK/dnsdist.conf"
-		REG_UP_PID=$BG_PID
 		REG_STOP=("$BG_PID" "${REG_STOP[@]}")
 		wait_dns "$BG_PID" dnsdist "$REG_DOT_PORT" "${dig_tls[@]}" || die "dnsdist did not answer over DoT"
 		REG_SETUP="$DNSDIST_VERSION's DoT frontend with its defaults (bench/conf/dnsdist.conf.in: \`addTLSLocal\`"\
@@ -506,7 +504,6 @@ regime_upstream() {
 		;;
 	cut-slowtail)
 		start_fake "$SLOW_CUT" -delay "$SLOW_DELAY" -delay-prefix s
-		REG_UP_PID=$FAKE_PID
 		REG_STOP=("$FAKE_PID")
 		REG_FAKE=1
 		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
@@ -519,7 +516,6 @@ regime_upstream() {
 " *fast names* are the others."
 		;;
 	unbound)
-		REG_UP_PID=$UPSTREAM_PID
 		UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
 		REG_CONN_PORT=$DOT_PORT
 		REG_SETUP="The bench's upstream unbound (bench/conf/upstream.conf.in: 1 thread, local data), which answers a"\
@@ -527,7 +523,6 @@ regime_upstream() {
 		;;
 	churn)
 		start_fake "$cut"
-		REG_UP_PID=$FAKE_PID
 		REG_STOP=("$FAKE_PID")
 		REG_FAKE=1
 		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT

@@ -95,14 +95,20 @@ func barPanel(b *strings.Builder, x0 int, title string, bars []bar, unit string,
 	}
 }
 
-// svgOpen starts a chart of rows bars per panel (extra: more height below them).
-func svgOpen(b *strings.Builder, rows, extra int, title, subtitle string) int {
+// svgOpen starts a chart of rows bars per panel (extra: more height below them),
+// with a title and up to two lines below it.
+func svgOpen(b *strings.Builder, rows, extra int, title string, subtitles ...string) int {
 	height := chartTop + rows*(chartBarH+chartGap) + 60 + extra
 	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="13">`+"\n",
 		chartWidth, height, chartWidth, height)
 	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="#ffffff"/>`+"\n", chartWidth, height)
 	fmt.Fprintf(b, `<text x="%d" y="24" font-size="16" font-weight="bold">%s</text>`+"\n", chartLeftPad, html.EscapeString(title))
-	fmt.Fprintf(b, `<text x="%d" y="44" fill="#555">%s</text>`+"\n", chartLeftPad, html.EscapeString(subtitle))
+	if len(subtitles) > 0 {
+		fmt.Fprintf(b, `<text x="%d" y="44" fill="#555">%s</text>`+"\n", chartLeftPad, html.EscapeString(subtitles[0]))
+	}
+	if len(subtitles) > 1 {
+		fmt.Fprintf(b, `<text x="%d" y="60" fill="#555" font-size="12">%s</text>`+"\n", chartLeftPad, html.EscapeString(subtitles[1]))
+	}
 	return height
 }
 

@@ -606,13 +606,12 @@ func regimesSVG(r *RegimeResults) string {
 		}
 	}
 	m := r.Machine
-	title := "dotforward vs CoreDNS forward tls:// per kind of upstream (issue 14)"
+	subtitles := []string{fmt.Sprintf("%s CPUs, %s, kernel %s; one run per regime and mode, %s s each", m["nproc"], m["cpu"], m["kernel"], m["regime_seconds"])}
 	if r.Label != "" {
-		title += ": " + r.Label
+		subtitles = append([]string{r.Label}, subtitles...)
 	}
 	var b strings.Builder
-	height := svgOpen(&b, len(p50), 10, title,
-		fmt.Sprintf("%s CPUs, %s, kernel %s; one run per regime and mode, %s s each", m["nproc"], m["cpu"], m["kernel"], m["regime_seconds"]))
+	height := svgOpen(&b, len(p50), 10, "dotforward vs CoreDNS forward tls:// per kind of upstream (issue 14)", subtitles...)
 	barPanel(&b, chartLeftPad, "p50 latency, ms (log scale)", p50, " ms", 2, true)
 	barPanel(&b, chartLeftPad+chartPanelW+30, "p99 latency, ms (log scale)", p99, " ms", 1, true)
 	svgClose(&b, height, "Latencies of answered queries (dnsperf -v); lost queries are counted in regimes.md. Same offered load for both modes of a regime.")
