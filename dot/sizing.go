@@ -43,7 +43,7 @@ const (
 	// inOrderSpares is how many connections with nothing outstanding an in-order
 	// pool keeps ready, so that a query finds one even while the sweeper has not
 	// yet seen that a busy connection is stuck behind a slow answer.
-	inOrderSpares = 2
+	inOrderSpares = 1
 	// inOrderProbeEvery: one query in this many goes behind another on an
 	// in-order upstream, to see whether it still answers in order (probeConn).
 	inOrderProbeEvery = 256
@@ -130,9 +130,10 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 }
 
 // pickIdle, for an in-order upstream, registers cl on the oldest connection
-// with nothing outstanding, or if there is none on the least loaded one, and
-// starts a dial when fewer than inOrderSpares idle ones are left: a query
-// written behind another waits for it, so the pool keeps spares.
+// with nothing outstanding, or if there is none on the least loaded one (the
+// one written to last among those), and starts a dial when fewer than
+// inOrderSpares idle ones are left: a query written behind another waits for
+// it, so the pool keeps spares.
 func (p *Pool) pickIdle(cl *call) *conn {
 	for range 3 {
 		var best *conn
@@ -147,7 +148,9 @@ func (p *Pool) pickIdle(cl *call) *conn {
 					break // the spares are left after this one
 				}
 			}
-			if l < load {
+			// The least loaded; among busy ones, the one written to last: a
+			// query that has been out long is likelier a slow one.
+			if l < load || best != nil && l == load && l > 0 && c.wroteAt.Load() > best.wroteAt.Load() {
 				best, load = c, l
 			}
 		}
