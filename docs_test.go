@@ -668,6 +668,12 @@ var docRequiredMetrics = []string{
 	"coredns_dotforward_hedges_total",
 	"coredns_dotforward_hedge_wins_total",
 	"coredns_dotforward_hedge_delay_seconds",
+	// and issue 14: the learned mode, connections wanted against those taking
+	// queries, rescued queries.
+	"coredns_dotforward_upstream_mode",
+	"coredns_dotforward_conns_wanted",
+	"coredns_dotforward_conns_taking",
+	"coredns_dotforward_rescues_total",
 }
 
 func TestDashboardMetrics(t *testing.T) {

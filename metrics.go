@@ -53,6 +53,36 @@ var (
 		Name:      "shared_records",
 		Help:      "Gauge: 1 once an upstream has shown it reads every query of a TLS record, 0 while each query gets a record of its own.",
 	}, []string{"to"})
+	upstreamMode = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "upstream_mode",
+		Help:      "Gauge: 1 for how the pool learned each upstream serves the queries of a connection (mode: unknown, out_of_order, in_order), 0 for the other modes.",
+	}, []string{"to", "mode"})
+	connConcurrency = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "conn_concurrency",
+		Help:      "Gauge of the queries the pool puts on one connection to each upstream at once: 1 for an in-order upstream, max_inflight otherwise.",
+	}, []string{"to"})
+	connsWanted = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "conns_wanted",
+		Help:      "Gauge of the connections taking queries that the load on each upstream wants.",
+	}, []string{"to"})
+	connsTaking = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "conns_taking",
+		Help:      "Gauge of the open connections to each upstream that take new queries: not draining, not blocked behind a slow answer, not near their end.",
+	}, []string{"to"})
+	rescuesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
+		Namespace: plugin.Namespace,
+		Subsystem: "dotforward",
+		Name:      "rescues_total",
+		Help:      "Counter of queries sent again on another connection because they were stuck behind a slow answer; the first answer wins, the other is dropped (dropped_total reason rescued).",
+	}, []string{"to"})
 	dialsTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
@@ -165,6 +195,9 @@ type observer struct {
 	healthy       prometheus.Gauge
 	hcFailures    prometheus.Counter
 	noError       prometheus.Counter // the common rcode, bound in advance
+	rescues       prometheus.Counter
+	wanted        prometheus.Gauge
+	taking        prometheus.Gauge
 
 	// Bound by bindHedging, for lines with hedge only; nil otherwise.
 	hedges        prometheus.Counter
@@ -176,6 +209,7 @@ type observer struct {
 var (
 	_ dot.Observer         = (*observer)(nil)
 	_ dot.CoalesceObserver = (*observer)(nil)
+	_ dot.SizeObserver     = (*observer)(nil)
 )
 
 func newObserver(to string) *observer {
@@ -195,6 +229,9 @@ func newObserver(to string) *observer {
 		healthy:       upstreamHealthy.WithLabelValues(to),
 		hcFailures:    healthcheckFailures.WithLabelValues(to),
 		noError:       responsesTotal.WithLabelValues(to, rcodeLabel(dns.RcodeSuccess)),
+		rescues:       rescuesTotal.WithLabelValues(to),
+		wanted:        connsWanted.WithLabelValues(to),
+		taking:        connsTaking.WithLabelValues(to),
 	}
 }
 
@@ -259,6 +296,36 @@ func (o *observer) SharedRecords(shared bool) {
 	sharedRecords.WithLabelValues(o.to).Set(0)
 	log.Infof("Upstream %s did not show it reads past the first query of a TLS record: one query per record", o.to)
 }
+
+// ModeLearned implements dot.SizeObserver: it sets the mode gauges and logs
+// the change, which explains how many connections the pool opens.
+func (o *observer) ModeLearned(m dot.Mode, perConn int) {
+	for _, mode := range []dot.Mode{dot.ModeUnknown, dot.ModeOutOfOrder, dot.ModeInOrder} {
+		v := 0.0
+		if mode == m {
+			v = 1
+		}
+		upstreamMode.WithLabelValues(o.to, mode.String()).Set(v)
+	}
+	connConcurrency.WithLabelValues(o.to).Set(float64(perConn))
+	switch m {
+	case dot.ModeInOrder:
+		log.Infof("Upstream %s answers the queries of a connection one at a time, in order: one query per connection, as many connections as the load needs", o.to)
+	case dot.ModeOutOfOrder:
+		log.Infof("Upstream %s answers the queries of a connection out of order: up to %d queries per connection, few connections", o.to, perConn)
+	default:
+		log.Infof("Upstream %s has not shown lately how it serves a connection: up to %d queries per connection, few connections", o.to, perConn)
+	}
+}
+
+// Sized implements dot.SizeObserver.
+func (o *observer) Sized(wanted, open int) {
+	o.wanted.Set(float64(wanted))
+	o.taking.Set(float64(open))
+}
+
+// Rescued implements dot.SizeObserver.
+func (o *observer) Rescued() { o.rescues.Inc() }
 
 // begin counts a query sent to the upstream.
 func (o *observer) begin() {

@@ -186,7 +186,7 @@ var optionTable = map[string]optionFunc{
 	"max_fails":                        intOption(0, math.MaxInt32, func(o *options, n int) { o.maxFails = n }),
 	"max_connect_attempts":             intOption(0, math.MaxInt32, func(o *options, n int) { o.maxAttempts = n }),
 	"max_concurrent":                   intOption(0, math.MaxInt32, func(o *options, n int) { o.maxConcurrent = n }),
-	"max_conns":                        intOption(1, maxConns, func(o *options, n int) { o.pool.MaxConns = n }),
+	"max_conns":                        parseMaxConns,
 	"max_inflight":                     intOption(1, maxInflight, func(o *options, n int) { o.pool.MaxInflight = n }),
 	"expire":                           durationOption(false, func(o *options, d time.Duration) { o.pool.IdleTimeout = d }),
 	"max_age":                          durationOption(true, func(o *options, d time.Duration) { o.pool.MaxAge = d }),
@@ -418,6 +418,25 @@ func parseMaxIdleConns(c *caddy.Controller, o *options) error {
 		return c.Errf("max_idle_conns: %q is not a non-negative integer", v)
 	}
 	log.Warningf("Ignoring max_idle_conns %s: the pool is bounded by max_conns", v)
+	return nil
+}
+
+// parseMaxConns takes `auto`, the default (the pool sizes itself:
+// dot.Config.MaxConns 0), or a number of connections.
+func parseMaxConns(c *caddy.Controller, o *options) error {
+	v, err := oneArg(c)
+	if err != nil {
+		return err
+	}
+	if v == "auto" {
+		o.pool.MaxConns = 0
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxConns {
+		return c.Errf("max_conns: %q is neither auto nor an integer from 1 to %d", v, maxConns)
+	}
+	o.pool.MaxConns = n
 	return nil
 }
 

@@ -247,7 +247,11 @@ func setupCases(t testing.TB) []setupCase {
 		{name: "max_fails word", input: "dotforward . " + cf + " {\nmax_fails two\n}", err: []string{`"two" is not an integer`}},
 		{name: "max_fails two values", input: "dotforward . " + cf + " {\nmax_fails 1 2\n}", err: []string{"Wrong argument count"}},
 		{name: "negative max_concurrent", input: "dotforward . " + cf + " {\nmax_concurrent -5\n}", err: []string{`max_concurrent: "-5"`}},
-		{name: "max_conns 0", input: "dotforward . " + cf + " {\nmax_conns 0\n}", err: []string{`max_conns: "0" is not an integer from 1 to 1024`}},
+		{name: "max_conns 0", input: "dotforward . " + cf + " {\nmax_conns 0\n}", err: []string{`max_conns: "0" is neither auto nor an integer from 1 to 1024`}},
+		{name: "max_conns auto", input: "dotforward . " + cf + " {\nmax_conns auto\n}", check: func(t *testing.T, fs []*DoTForward) {
+			expect(t, "max conns", only(t, fs).upstreams[0].cfg.MaxConns, 0)
+		}},
+		{name: "max_conns auto twice", input: "dotforward . " + cf + " {\nmax_conns auto auto\n}", err: []string{"Wrong argument count"}},
 		{name: "max_inflight too large", input: "dotforward . " + cf + " {\nmax_inflight 40000\n}", err: []string{`max_inflight: "40000" is not an integer from 1 to 32767`}},
 		{name: "negative max_connect_attempts", input: "dotforward . " + cf + " {\nmax_connect_attempts -1\n}", err: []string{`max_connect_attempts: "-1"`}},
 		{name: "expire 0", input: "dotforward . " + cf + " {\nexpire 0\n}", err: []string{"Testfile:2", `expire: "0" must be positive`}},

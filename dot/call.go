@@ -19,14 +19,23 @@ const (
 type call struct {
 	q        *query
 	deadline int64       // unix ns after which the attempt times out; immutable
-	resp     chan result // cap 1; exactly one completion is ever sent (see conn.mu)
+	resp     chan result // cap 2: at most one rescue notice, then exactly one completion (see conn)
 	state    atomic.Int32
 	sentAt   atomic.Int64 // unix ns when the batch holding it was flushed; 0 before
 	readsAt  atomic.Int64 // the connection's frames read when it was flushed
 	id       uint16       // connection-local ID, set under conn.mu by register
+	seq      uint32       // its place in the connection's write order (from 1), set by the writer before it is sent
 	trial    bool         // the call is one of a record trial's two queries (see records.go)
 
-	callerDeadline bool // deadline is the caller's, not ReadTimeout
+	callerDeadline bool  // deadline is the caller's, not ReadTimeout
+	rescuable      bool  // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
+	avoid          *conn // a rescue's blocked connection, which pick skips; immutable
+
+	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send
+	// the query again elsewhere; lost, when the caller gave it up because the
+	// query's other attempt was answered first; wonAt, when that was its rescue.
+	rescued, lost bool
+	wonAt         int64
 
 	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
 
@@ -35,8 +44,8 @@ type call struct {
 	tombUntil int64
 }
 
-// complete delivers the call's result. The ownership rule makes this happen once, so
-// the send on the 1-slot channel never blocks.
+// complete delivers the call's result. The ownership rule makes this happen once;
+// resp has room for it and for one rescue notice, so the send never blocks.
 func (cl *call) complete(r result) {
 	cl.completions.Add(1)
 	cl.resp <- r

@@ -49,6 +49,7 @@ const maxJoiners = 1024
 // flights are a pool's open flights.
 type flights struct {
 	seed   maphash.Seed
+	chans  *sync.Pool // the pool's result channels (see newRespChans), for waiters
 	shards [flightShards]flightShard
 }
 
@@ -60,8 +61,8 @@ type flightShard struct {
 	_  [48]byte          // a cache line each: shards are locked from every CPU
 }
 
-func newFlights() *flights {
-	fs := &flights{seed: maphash.MakeSeed()}
+func newFlights(chans *sync.Pool) *flights {
+	fs := &flights{seed: maphash.MakeSeed(), chans: chans}
 	for i := range fs.shards {
 		fs.shards[i].m = make(map[uint64]*query)
 	}
@@ -86,10 +87,11 @@ type flight struct {
 
 // waiter is a query waiting for another's answer.
 type waiter struct {
-	q    *query
-	resp chan result // cap 1: the flight's end sends to each of its waiters once
-	gone atomic.Bool // the waiter gave up: building its answer is wasted work
-	next *waiter     // the one that joined before, immutable once joined
+	q     *query
+	resp  chan result // from chans: the flight's end sends to each of its waiters once
+	chans *sync.Pool  // the pool's result channels, where resp goes back
+	gone  atomic.Bool // the waiter gave up: building its answer is wasted work
+	next  *waiter     // the one that joined before, immutable once joined
 }
 
 // CoalesceObserver is an Observer that also counts coalesced queries. It is a
@@ -152,7 +154,7 @@ func (fs *flights) join(q *query) *waiter {
 	case !sameKey(l, q):
 		return nil // a hash collision: in doubt, alone
 	case l.fl.joined < maxJoiners:
-		w := &waiter{q: q, resp: respChans.Get().(chan result), next: l.fl.waiters}
+		w := &waiter{q: q, resp: fs.chans.Get().(chan result), chans: fs.chans, next: l.fl.waiters}
 		l.fl.waiters = w
 		l.fl.joined++
 		return w
@@ -251,7 +253,7 @@ func (w *waiter) wait(ctx context.Context, deadline time.Time) (*dns.Msg, error)
 	}
 	select {
 	case r := <-w.resp:
-		respChans.Put(w.resp) // received its one result: idle
+		w.chans.Put(w.resp) // received its one result: idle
 		return r.msg, r.err
 	case <-ctx.Done():
 		w.gone.Store(true)

@@ -434,7 +434,9 @@ func TestNoCoalesce(t *testing.T) {
 	for range n {
 		send(p, context.Background(), newQuery("each.example.", dns.TypeA), time.Now().Add(10*time.Second), out)
 	}
-	waitFor(t, "every query upstream", func() bool { return s.Queries() == n })
+	// At least: the pool may rescue some of them, held behind the first, onto
+	// another connection.
+	waitFor(t, "every query upstream", func() bool { return s.Queries() >= n })
 	s.open()
 	for range n {
 		checkOwnAnswer(t, <-out)
@@ -527,7 +529,7 @@ func FuzzCoalesceKey(f *testing.F) {
 			f.Add(pa, pb)
 		}
 	}
-	fs := newFlights()
+	fs := newFlights(newRespChans())
 	f.Fuzz(func(t *testing.T, wa, wb []byte) {
 		a, b := new(dns.Msg), new(dns.Msg)
 		if a.Unpack(wa) != nil || b.Unpack(wb) != nil || len(a.Question) != 1 || len(b.Question) != 1 {
@@ -567,7 +569,7 @@ func keySeeds() []*dns.Msg {
 // them on many pairs: random queries, and the same with the name's case changed
 // or one field flipped.
 func TestCoalesceKeyProperties(t *testing.T) {
-	fs := newFlights()
+	fs := newFlights(newRespChans())
 	rng := rand.New(rand.NewPCG(1, 2))
 	flips := []func(*dns.Msg){
 		func(m *dns.Msg) { m.Question[0].Name = mixedCase(strings.ToLower(m.Question[0].Name), rng.IntN(1<<16)) },
@@ -617,7 +619,7 @@ func TestCoalesceKeyProperties(t *testing.T) {
 // BenchmarkCoalesceLead is what coalescing adds to a query nobody joins: the key,
 // leading a flight and ending it, in parallel on distinct names.
 func BenchmarkCoalesceLead(b *testing.B) {
-	fs := newFlights()
+	fs := newFlights(newRespChans())
 	qs := make([]*query, 1024)
 	for i := range qs {
 		m := newQuery(fmt.Sprintf("q%d.example.", i), dns.TypeA)

@@ -26,7 +26,12 @@ type Config struct {
 	// checked on every handshake, resumed ones included.
 	Pins [][]byte
 
-	// MaxConns caps open connections to the upstream. Default 4.
+	// MaxConns caps the connections to the upstream that take new queries (not
+	// draining, not blocked behind a slow answer). Default 0, auto: the pool
+	// sizes itself to how the upstream serves a connection (see Mode), with at
+	// most AutoMaxConnsOutOfOrder (4) connections if it answers out of order
+	// or is not known to answer in order, and at most AutoMaxConnsInOrder (128)
+	// if it answers a connection's queries one at a time, in order.
 	MaxConns int
 	// MaxInflight caps queries outstanding on one connection, tombstones included.
 	// Default 128.
@@ -88,7 +93,6 @@ type Backoff struct {
 
 // Defaults, exported for documentation and for the plugin's Corefile parser.
 const (
-	DefaultMaxConns     = 4
 	DefaultMaxInflight  = 128
 	DefaultDialTimeout  = 3 * time.Second
 	DefaultReadTimeout  = 2 * time.Second
@@ -114,7 +118,6 @@ func (c Config) WithDefaults() Config {
 	if c.TLS == nil {
 		c.TLS = &tls.Config{}
 	}
-	setDefault(&c.MaxConns, DefaultMaxConns)
 	setDefault(&c.MaxInflight, DefaultMaxInflight)
 	setDefault(&c.DialTimeout, DefaultDialTimeout)
 	setDefault(&c.ReadTimeout, DefaultReadTimeout)
@@ -157,6 +160,9 @@ func (c Config) withDefaults() (Config, error) {
 		if len(p) != 32 {
 			return c, fmt.Errorf("dot: pin %d is %d bytes, want a 32-byte SHA-256 digest", i, len(p))
 		}
+	}
+	if c.MaxConns < 0 {
+		return c, fmt.Errorf("dot: MaxConns %d is negative", c.MaxConns)
 	}
 	if c.MaxConns > MaxMaxConns {
 		return c, fmt.Errorf("dot: MaxConns %d too large, at most %d", c.MaxConns, MaxMaxConns)

@@ -26,23 +26,29 @@ type conn struct {
 	done   chan struct{} // closed when the connection is closed
 	born   int64         // unix ns
 
-	load           atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
-	unusable       atomic.Bool  // closed or draining; written under mu
-	nearQueryLimit atomic.Bool  // 3/4 of the learned query limit taken: time to dial the next one; written under mu
-	reads          atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
-	lastUsed       atomic.Int64 // pool clock (coarse) of the last query registered or answered
+	load      atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
+	unusable  atomic.Bool  // closed or draining; written under mu
+	nearEnd   atomic.Bool  // half the learned query limit taken, or near MaxAge: time to dial its successor
+	reads     atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
+	lastUsed  atomic.Int64 // pool clock (coarse) of the last query registered or answered
+	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
+	wroteAt   atomic.Int64 // unix ns of the last write of queries
+	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
 	calls      map[uint16]*call // guarded by mu: live calls and tombstones by ID
 	nextID     uint16           // guarded by mu
 	tombs      int              // guarded by mu
 	answered   int              // guarded by mu: answers delivered on this connection
+	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
 	state      connState        // guarded by mu; changed only by setDrainingLocked and closeFor
 	drainFor   CloseReason      // guarded by mu: why it drains, once state is stateDraining
 	werr       error            // guarded by mu: the writer's first error; no write after it
 	idle       time.Duration    // guarded by mu: IdleTimeout, lowered by the server's keepalive
+	answers    answerLog        // guarded by mu: what the answers say of the upstream (learned.go)
+	watch      blockWatch       // the sweeper's: is it blocked (rescue.go)
 
 	// The sweeper's view of the read counter, guarded by mu: the reads seen at the
 	// last sweep and since when that number has not moved.
@@ -92,6 +98,7 @@ func (c *conn) register(cl *call) bool {
 	c.checkQueryLimitLocked()
 	c.mu.Unlock()
 	c.lastUsed.Store(c.pool.clock.Load())
+	c.pool.kickSweeper()
 	select {
 	case c.writeq <- cl:
 		return true
@@ -109,10 +116,11 @@ func (c *conn) register(cl *call) bool {
 }
 
 // checkQueryLimitLocked applies the learned query limit to what the connection has
-// accepted. c.mu must be held.
+// accepted: from half of it on, its successor is dialled (a handshake takes
+// longer than the server takes to answer a quarter of the limit). c.mu must be held.
 func (c *conn) checkQueryLimitLocked() {
-	if c.queryLimit > 0 && c.accepted >= c.queryLimit*3/4 {
-		c.nearQueryLimit.Store(true)
+	if c.queryLimit > 0 && c.accepted >= c.queryLimit/2 {
+		c.nearEnd.Store(true)
 	}
 	if c.queryLimit > 0 && c.accepted >= c.queryLimit {
 		// The server cuts connections after about this many queries: stop here so
@@ -134,7 +142,7 @@ func (c *conn) setQueryLimit(limit int) {
 
 // removeLocked deletes cl's entry, live or tombstone. c.mu must be held.
 func (c *conn) removeLocked(cl *call) {
-	if cl.tombUntil != 0 {
+	if cl.tombUntil != 0 && !cl.lost {
 		c.tombs--
 	}
 	delete(c.calls, cl.id)
@@ -150,6 +158,9 @@ func (c *conn) giveUpLocked(cl *call, now int64) {
 		return
 	}
 	cl.tombUntil = now + int64(c.pool.cfg.TombstoneTTL)
+	if cl.lost {
+		return // its answer is late because the other attempt won, not lost
+	}
 	c.tombs++
 	if c.tombs > c.pool.cfg.MaxInflight/2 {
 		// A connection soaking up unanswered queries is probably black-holed: stop
@@ -158,25 +169,45 @@ func (c *conn) giveUpLocked(cl *call, now int64) {
 	}
 }
 
-// await waits for cl's result or the caller's cancellation.
+// await waits for cl's result, a rescue notice (errRescued) or the caller's
+// cancellation.
 func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 	select {
 	case r := <-cl.resp:
 		return r, true
 	case <-done:
 	}
+	return c.release(cl, false, 0)
+}
+
+// release ends the caller's interest in cl: a live call is given up, else the
+// result that completed it is received and returned, an answer in particular.
+// It reports whether there was one. lost is set when the query's other attempt
+// won: then the late answer is dropped as rescued, and, for the original of a
+// rescue that won at wonAt, judged (see judgeLocked).
+func (c *conn) release(cl *call, lost bool, wonAt int64) (result, bool) {
 	c.mu.Lock()
 	live := c.calls[cl.id] == cl && cl.tombUntil == 0 && c.state != stateClosed
 	if live {
+		cl.lost, cl.wonAt = lost, wonAt
 		c.giveUpLocked(cl, nanotime())
 	}
 	c.mu.Unlock()
 	if live {
+		// No completion will come; a rescue notice may wait unread (it is sent
+		// under mu, so it is in the channel by now).
+		select {
+		case <-cl.resp:
+		default:
+		}
 		c.pool.slotFreed()
 		return result{}, false
 	}
-	// Someone completed it first; prefer that result, an answer in particular.
-	return <-cl.resp, true
+	for {
+		if r := <-cl.resp; r.err != errRescued {
+			return r, true
+		}
+	}
 }
 
 // connState is where a connection is in its life. The transitions, all under
@@ -251,7 +282,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	clear(c.calls)
 	c.tombs = 0
 	c.load.Store(0)
-	answered := c.answered
+	answered, served := c.answered, c.served
 	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born)}
 	c.mu.Unlock()
 
@@ -266,7 +297,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	if wasOpen {
 		// Only a cut of a connection we were still feeding says anything about the
 		// server's limit: one that ends while draining was stopped by us first.
-		c.pool.learnLimit(reason, answered, len(live))
+		c.pool.learnLimit(reason, served, len(live))
 	}
 	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0}

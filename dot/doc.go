@@ -1,23 +1,33 @@
 // Package dot exchanges DNS messages with one DNS-over-TLS upstream (RFC 7858) over a
-// small pool of long-lived, pipelined TLS connections.
+// pool of long-lived, pipelined TLS connections that sizes itself to the upstream.
 //
 // Each connection carries up to MaxInflight queries at once; answers may come back
 // in any order and are matched by a connection-local message ID and the question.
 // A query whose connection dies before it was written moves to another connection;
-// one that was written is replayed once (RFC 7766 §6.2.4). The package knows nothing
-// of CoreDNS: it takes and returns *dns.Msg.
+// one that was written is replayed once (RFC 7766 §6.2.4). The pool learns how the
+// upstream serves a connection (its mode): out of order, a few full connections
+// carry any load; in order, a query waits for every one before it, so each goes to
+// an idle connection and there are as many as the load needs (sizing.go). A query
+// stuck behind a slow answer is sent once more elsewhere (rescue.go). The package
+// knows nothing of CoreDNS: it takes and returns *dns.Msg.
 //
 // # Files
 //
-//   - pool.go: the Pool: picking a connection for a call, waiting, dialing, closing.
-//   - exchange.go: one query's way through the pool: attempts, moves and the replay.
+//   - pool.go: the Pool: waiting for a connection, dialing, closing.
+//   - sizing.go: picking a connection for a call as the mode says, how many
+//     connections the load wants, when to dial (the cap, parallel dials, successors).
+//   - rescue.go: blocked connections, rescues and the race of a query's two attempts.
+//   - exchange.go: one query's way through the pool: attempts, moves, the replay.
 //   - call.go: a call, one attempt of a query on one connection, and its states.
 //   - conn.go: a connection: its call table, IDs, states (open, draining, closed).
 //   - writer.go, reader.go: a connection's two goroutines.
 //   - records.go: how a batch of queries is framed into TLS records, and the trial.
 //   - batchconn.go: the socket under TLS: one write per batch, quick ACKs.
-//   - sweep.go: the pool's ticker: timeouts, tombstones, stall, drain and idle.
-//   - learned.go: what the pool learns of its upstream (query limit, record verdict).
+//   - sweep.go: the pool's timer: every tick (fast while queries are out) the
+//     watch for blocked connections and the sizing; every sweepInterval timeouts,
+//     tombstones, stall, drain, idle, and learning.
+//   - learned.go: what the pool learns of its upstream (query limit, record verdict,
+//     mode and usual answer time).
 //   - query.go: a client's query prepared once for the upstream, and what is refused.
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.
@@ -40,6 +50,22 @@
 //     learned from its cuts; connections drain before reaching it.
 //   - record verdict: whether the upstream reads every query of a TLS record
 //     (shared records) or only the first (a record each), found by a trial.
+//   - mode: how the upstream serves the queries of one connection: out of order
+//     (an answer overtook a query written before it), in order (queries stuck
+//     behind a slow answer were answered at once elsewhere, or answers queued
+//     behind each other come a millisecond or more apart), or unknown.
+//   - usual answer time: of a query written on a connection with nothing
+//     outstanding, averaged; it scales the rescue delay.
+//   - blocked: a connection that has read nothing for the rescue delay while a
+//     query has waited that long behind an older one; it takes no new query.
+//   - rescue: a query stuck on a blocked connection is sent once more on another
+//     (idle) connection; the first answer wins, the other attempt is given up and
+//     its late answer dropped (reason rescued).
+//   - probe: in order, one query in 256 is put behind a just-written one on
+//     purpose, so that an upstream that starts answering out of order shows it.
+//   - near its end: a connection past half the query limit or close to MaxAge;
+//     its successor is dialled then (make before break).
+//   - taking: a connection that takes new queries (not draining, not blocked).
 //   - strike: a failed dial or connection, counted by the reconnect backoff.
 //   - failure: what the Observer's Failed reports: a fault of the upstream itself
 //     (used for health), as opposed to one slow or lost query.

@@ -31,18 +31,21 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 	return p.exchange(ctx, q, deadline)
 }
 
-// exchange runs q's attempts: moves to another connection, and one replay.
+// exchange runs q's attempts: moves to another connection, a rescue from a
+// blocked one, and one replay (a query is written twice at most).
 func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, error) {
-	replayed := false
 	for moves := 0; ; {
 		cl := p.newCall(ctx, q, deadline)
 		c, err := p.acquire(ctx, cl)
 		if err != nil {
-			respChans.Put(cl.resp)
+			p.respChans.Put(cl.resp)
 			return nil, err
 		}
 		res, ok := c.await(ctx.Done(), cl)
-		respChans.Put(cl.resp)
+		if ok && res.err == errRescued {
+			res, ok = p.rescue(ctx, q, deadline, c, cl)
+		}
+		p.respChans.Put(cl.resp)
 		if !ok {
 			return nil, ctx.Err()
 		}
@@ -53,10 +56,10 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 		case errors.Is(res.err, ErrTimeout) && cl.callerDeadline:
 			// The caller's own deadline: say so, so it is not taken for a slow upstream.
 			return nil, wrap(res.err, context.DeadlineExceeded)
-		case errors.Is(res.err, errUnsent) && moves < p.cfg.MaxConns:
+		case errors.Is(res.err, errUnsent) && moves < p.capConns():
 			moves++ // never written: another connection, at no cost
-		case !replayed && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
-			replayed = true
+		case !q.resent && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
+			q.resent = true // a query is written twice at most: no rescue or replay after this
 			p.obs.Replayed()
 		case errors.Is(res.err, errUnsent):
 			return nil, wrap(ErrConnLost, res.err)
@@ -75,12 +78,16 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil
 }
 
-// respChans recycles calls' result channels. A call's channel is idle once acquire
-// failed (nothing was registered) or await returned: by the ownership rule (see
-// conn) the one completion was received then, or will never be sent, because the
-// caller gave the call up while it was live. The call itself cannot be recycled:
-// a tombstone keeps it.
-var respChans = sync.Pool{New: func() any { return make(chan result, 1) }}
+// respChans recycles calls' result channels, one pool per Pool (so that a
+// channel never outlives its Pool's synctest bubble in tests). A call's channel is
+// idle once acquire failed (nothing was registered) or await returned: by the
+// ownership rule (see conn) the one completion was received then, or will never
+// be sent, because the caller gave the call up while it was live (and a rescue
+// notice it did not read was taken out). The call itself cannot be recycled: a
+// tombstone keeps it.
+func newRespChans() *sync.Pool {
+	return &sync.Pool{New: func() any { return make(chan result, 2) }}
+}
 
 // newCall starts an attempt of q: it times out after ReadTimeout, or at the caller's
 // deadline (ctx's or the explicit one) if that comes first.
@@ -90,7 +97,8 @@ func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call 
 		cl = new(call) // a move or a replay
 	}
 	q.firstUsed = true
-	cl.q, cl.resp = q, respChans.Get().(chan result)
+	cl.q, cl.resp = q, p.respChans.Get().(chan result)
+	cl.rescuable = !q.resent && q.opcode == dns.OpcodeQuery
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}

@@ -63,6 +63,11 @@ type recorder struct {
 	failures  int
 	verdicts  []bool // SharedRecords reports, in order
 	coalesced int
+	rescues   int
+	modes     []Mode // ModeLearned reports, in order
+	wanted    int    // the last Sized report
+	open      int
+	maxWant   int // the most connections ever wanted
 }
 
 func newRecorder() *recorder {
@@ -121,6 +126,24 @@ func (r *recorder) Coalesced() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.coalesced++
+}
+
+func (r *recorder) ModeLearned(m Mode, _ int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.modes = append(r.modes, m)
+}
+
+func (r *recorder) Sized(wanted, open int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wanted, r.open, r.maxWant = wanted, open, max(r.maxWant, wanted)
+}
+
+func (r *recorder) Rescued() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rescues++
 }
 
 func (r *recorder) get(f func(r *recorder) int) int {

@@ -6,11 +6,12 @@ import (
 )
 
 // learned is what a pool learns of its upstream from how it behaves. Each item
-// expires, so that a change of the upstream's behaviour is noticed. Its fields
-// are atomics: the hot path reads them without a lock.
+// expires, so that a change of the upstream's behaviour is noticed. What the hot
+// path reads of it are atomics.
 type learned struct {
 	limit   queryLimit
 	records recordVerdict
+	mode    serveMode
 }
 
 // learnedTTL is how long what the pool learns of its upstream holds, at most.
@@ -40,9 +41,14 @@ func (l *queryLimit) get() int32 {
 // queries. It returns the new limit if it lowered the one in force, else 0.
 // Either way the limit is kept for learnedTTL more: a cut may have been a one-off
 // (a restart), and a needlessly low limit costs handshakes.
+//
+// The limit keeps a margin of one query in 50 below the cut, for a server that
+// counts something else than queries (bytes): a handshake per connection is
+// what a server cutting connections costs most, so the margin is small, and a
+// cut before it only lowers the limit further.
 func (l *queryLimit) learn(answered int) int32 {
 	defer l.until.Store(nanotime() + int64(learnedTTL))
-	limit := int32(answered - answered/10) // a margin for servers that count bytes
+	limit := int32(answered - max(answered/50, 1))
 	if old := l.get(); old != 0 && limit >= old {
 		return 0
 	}
@@ -54,11 +60,11 @@ func (l *queryLimit) learn(answered int) int32 {
 // connection after answering many queries teaches the pool its query limit. It
 // runs before the dead connection's queries are moved or replayed, so that the
 // connections they go to already respect the limit.
-func (p *Pool) learnLimit(reason CloseReason, answered, outstanding int) {
-	if reason != CloseServer || outstanding == 0 || answered < minLearnedLimit {
+func (p *Pool) learnLimit(reason CloseReason, served, outstanding int) {
+	if reason != CloseServer || outstanding == 0 || served < minLearnedLimit {
 		return
 	}
-	if limit := p.learned.limit.learn(answered); limit != 0 {
+	if limit := p.learned.limit.learn(served); limit != 0 {
 		// The connections opened with this one are as old and about to be cut
 		// too: they take no more queries than the limit either, so that the
 		// dead connection's replays do not land on them and die again.
@@ -118,4 +124,169 @@ func (r *recordVerdict) end(v verdict, now int64) bool {
 	r.until.Store(now + int64(ttl))
 	r.v.Store(int32(v))
 	return v != verdictNone && verdict(r.reported.Swap(int32(v))) != v
+}
+
+// Mode is how the upstream serves the queries of one connection, as the pool
+// learned it from the order and timing of their answers.
+type Mode int32
+
+// Modes.
+const (
+	// ModeUnknown: not learned yet, or the evidence expired. The pool treats
+	// the upstream as ModeOutOfOrder: few, full connections.
+	ModeUnknown Mode = iota
+	// ModeOutOfOrder: an answer overtook a query written before it, so the
+	// upstream serves a connection's queries concurrently. A few deep
+	// connections carry any load, and batch best.
+	ModeOutOfOrder
+	// ModeInOrder: the upstream answers a connection's queries one at a time,
+	// in order, and a query waits for every one written before it. Each query
+	// goes to a connection with nothing outstanding if there is one, and the
+	// pool opens as many connections as the load needs.
+	ModeInOrder
+	modeCount
+)
+
+var modeNames = [...]string{"unknown", "out_of_order", "in_order"}
+
+func (m Mode) String() string {
+	if m < 0 || m >= modeCount {
+		return "unknown"
+	}
+	return modeNames[m]
+}
+
+// answerLog is what one connection's answers say about the upstream: where each
+// falls in the connection's write order, and how long it took. The reader notes
+// every answer (note, under conn.mu); the sweeper collects the counts.
+type answerLog struct {
+	lastSeq uint32 // the latest-written call answered so far (write order, from 1)
+	lastAt  int64  // unix ns of the previous answer
+
+	evidence           // since the sweeper last collected it
+	aloneSum     int64 // answer times (ns) of calls written with nothing outstanding before them
+	aloneN       int
+	aloneCeiling int64 // samples above this (if set) are cut to it: one slow answer does not make the upstream slow
+}
+
+// evidence counts what answers showed of how the upstream serves a connection.
+type evidence struct {
+	inversions float64 // answers to a call written before one already answered: out of order
+	rescued    float64 // rescues answered sooner than their stuck query had already waited: in order
+	busy       float64 // answers to calls that were waiting when the previous answer came
+	busySlow   float64 // of those, the ones that came serialGap or more after that answer: in order, slow
+}
+
+// serialGap: a call that waited behind another answer and came this long or
+// more after it was served after that one, not with it.
+const serialGap = time.Millisecond
+
+// note records the answer to the call written seq-th on the connection, sent at
+// sentAt (0 if unknown), arriving at now.
+func (l *answerLog) note(seq uint32, sentAt, now int64) {
+	switch {
+	case seq == 0:
+		return // never written: cannot be an answer
+	case seq < l.lastSeq:
+		l.inversions++
+		return // the in-order bookkeeping below stays with the latest answer
+	case seq == l.lastSeq+1 && sentAt != 0 && sentAt >= l.lastAt:
+		t := now - sentAt
+		if l.aloneCeiling > 0 {
+			t = min(t, l.aloneCeiling)
+		}
+		l.aloneSum += t
+		l.aloneN++
+	case seq == l.lastSeq+1 && sentAt != 0:
+		l.busy++
+		if now-l.lastAt >= int64(serialGap) {
+			l.busySlow++
+		}
+	}
+	l.lastSeq, l.lastAt = seq, now
+}
+
+// collect returns and clears the counts noted since the last collect.
+func (l *answerLog) collect() (e evidence, aloneSum int64, aloneN int) {
+	e, aloneSum, aloneN = l.evidence, l.aloneSum, l.aloneN
+	l.evidence, l.aloneSum, l.aloneN = evidence{}, 0, 0
+	return e, aloneSum, aloneN
+}
+
+// serveMode is the learned Mode and the evidence behind it. The sweeper owns
+// everything but mode and base, which the hot path reads.
+type serveMode struct {
+	mode   atomic.Int32 // a Mode
+	base   atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
+	rescue atomic.Bool  // rescues won lately: a hint of in-order before the evidence suffices
+
+	until    int64    // unix ns until which mode holds without new evidence
+	inverted int64    // unix ns of the last answer out of order seen
+	acc      evidence // decayed: each update keeps 7/8 of it (inversions unused)
+}
+
+// Thresholds of the mode decision (see serveMode.update).
+const (
+	minRescueEvidence = 2    // rescues won (decayed count) that make an upstream in-order
+	minSlowEvidence   = 8    // busy answers at least serialGap apart (decayed count)...
+	slowShare         = 0.75 // ...that are this share of the busy answers
+	// outOfOrderQuiet: no evidence of in-order counts until this long after
+	// the last answer out of order.
+	outOfOrderQuiet = time.Second
+)
+
+// get returns the mode in force.
+func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
+
+// update folds what the answers showed since the last update into the mode:
+// an answer out of order makes the upstream out-of-order at once (an in-order
+// server never does that). With none for outOfOrderQuiet, rescues that were
+// answered sooner than the query they rescued had waited (it was stuck behind
+// another, not slow itself), or answers that keep coming a full serialGap apart
+// (minSlowEvidence of them, slowShare of those queued behind another), make it
+// in-order. A mode holds learnedTTL past its last evidence, then is unknown
+// again. It reports the mode and whether it changed.
+func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
+	a := &m.acc
+	a.rescued = a.rescued*7/8 + e.rescued
+	a.busy = a.busy*7/8 + e.busy
+	a.busySlow = a.busySlow*7/8 + e.busySlow
+	if e.inversions > 0 {
+		m.inverted = now
+	}
+	old, next := m.get(), m.get()
+	inOrder := a.rescued >= minRescueEvidence || (a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy)
+	switch {
+	case e.inversions > 0:
+		next = ModeOutOfOrder
+		m.until = now + int64(learnedTTL)
+	case inOrder && now-m.inverted >= int64(outOfOrderQuiet):
+		next = ModeInOrder
+		if e.rescued > 0 || e.busySlow > 0 || old != ModeInOrder {
+			m.until = now + int64(learnedTTL)
+		}
+	case now > m.until:
+		next = ModeUnknown
+	}
+	if next == ModeOutOfOrder && old != next {
+		// What was evidence of in-order says nothing of the new upstream.
+		a.rescued, a.busy, a.busySlow = 0, 0, 0
+	}
+	m.mode.Store(int32(next))
+	m.rescue.Store(a.rescued >= 0.5)
+	return next, next != old
+}
+
+// learnBase folds a sweep's answer times of queries alone on their connection
+// into the usual answer time (an average over about eight sweeps with samples).
+func (m *serveMode) learnBase(sum int64, n int) {
+	if n == 0 {
+		return
+	}
+	sample, old := sum/int64(n), m.base.Load()
+	if old == 0 {
+		m.base.Store(sample)
+		return
+	}
+	m.base.Store(old + (sample-old)/8)
 }

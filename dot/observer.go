@@ -28,6 +28,39 @@ type Observer interface {
 	SharedRecords(shared bool)
 }
 
+// SizeObserver is an Observer that also hears how the pool sizes itself to its
+// upstream (see Mode). The pool looks for it once, in New; an Observer without
+// these methods just does not hear of it.
+type SizeObserver interface {
+	Observer
+	// ModeLearned reports a change of what the pool learned of how the upstream
+	// serves a connection, and the queries it now aims to put on one connection
+	// at once: 1 in order, MaxInflight otherwise.
+	ModeLearned(m Mode, perConn int)
+	// Sized reports, when either changes, how many connections taking queries
+	// the load wants and how many are open and take queries (not draining,
+	// not blocked behind a slow answer, not near their end).
+	Sized(wanted, open int)
+	// Rescued reports a query sent again on another connection because it
+	// was stuck behind a slow answer on its own (see rescue.go).
+	Rescued()
+}
+
+// sizeObserver returns o's SizeObserver, or o with no-op sizing events.
+func sizeObserver(o Observer) SizeObserver {
+	if so, ok := o.(SizeObserver); ok {
+		return so
+	}
+	return noSizing{o}
+}
+
+// noSizing gives an Observer no-op sizing events.
+type noSizing struct{ Observer }
+
+func (noSizing) ModeLearned(Mode, int) {}
+func (noSizing) Sized(int, int)        {}
+func (noSizing) Rescued()              {}
+
 // CloseReason says why a connection closed.
 type CloseReason int
 
@@ -62,10 +95,11 @@ const (
 	DropWrongQuestion                   // ID matched but the question did not
 	DropMalformed                       // too short or unparsable
 	DropLate                            // answer to a query that already timed out
+	DropRescued                         // answer to a query already answered on another connection (see Rescued)
 	dropReasonCount
 )
 
-var dropReasonNames = [...]string{"unknown_id", "wrong_question", "malformed", "late"}
+var dropReasonNames = [...]string{"unknown_id", "wrong_question", "malformed", "late", "rescued"}
 
 func (r DropReason) String() string {
 	if r < 0 || r >= dropReasonCount {

@@ -20,20 +20,30 @@ type Pool struct {
 	tls *tls.Config
 	obs Observer
 
-	conns   atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
-	waiters atomic.Int32            // callers waiting in acquire for a slot or a connection
-	dialing atomic.Bool             // mirrors dialc != nil, for a lock-free check on the hot path
-	closing atomic.Int32            // connections between closeFor and connClosed
-	learned learned                 // what the pool learned of its upstream: query limit, record verdict
-	flights *flights                // open flights of queries that identical ones wait for; nil: NoCoalesce
-	clock   atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
+	conns      atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters    atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing    atomic.Int32            // mirrors dials, for a lock-free check on the hot path
+	closing    atomic.Int32            // connections between closeFor and connClosed
+	learned    learned                 // what the pool learned of its upstream: query limit, record verdict, mode
+	flights    *flights                // open flights of queries that identical ones wait for; nil: NoCoalesce
+	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
+	needed     atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
+	shortfall  atomic.Int32            // from the sweeper: connections wanted and not open
+	rescuesWon atomic.Int32            // rescues that won by a rescue delay or more, since the last learn (judgeLocked)
+	dialTime   atomic.Int64            // ns: how long a dial takes, smoothed
+	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
+	sizer      sizer                   // the sweeper's
+	respChans  *sync.Pool              // see newRespChans
+	idleTicks  atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
+	probeDue   atomic.Bool             // in order: the next query that can is a probe (see probeConn)
+	kick       chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // connection goroutines, dials and the sweeper
 
 	mu     sync.Mutex
-	dialc  chan struct{} // guarded by mu: non-nil while the single dial is in flight
+	dials  int           // guarded by mu: dials in flight
 	wake   chan struct{} // guarded by mu: closed and replaced when a slot or a connection may be free
 	redial redial        // guarded by mu: the reconnect backoff
 	closed bool          // guarded by mu
@@ -41,9 +51,12 @@ type Pool struct {
 
 // Stats is a snapshot of a pool's state.
 type Stats struct {
-	Conns    int // open connections
-	Inflight int // queries outstanding (tombstones included)
-	Strikes  int // failed dials and connections in a row; 0 once a new connection answered
+	Conns    int  // open connections
+	Taking   int  // of those, the ones that take new queries: not draining, not blocked
+	Blocked  int  // connections blocked behind a slow answer (see rescue.go)
+	Inflight int  // queries outstanding (tombstones included)
+	Strikes  int  // failed dials and connections in a row; 0 once a new connection answered
+	Mode     Mode // how the upstream serves a connection, as learned
 }
 
 // New returns a pool for the upstream described by cfg. It dials lazily: the first
@@ -54,11 +67,16 @@ func New(cfg Config) (*Pool, error) {
 		return nil, err
 	}
 	p := &Pool{cfg: cfg, tls: clientTLS(cfg), obs: cfg.Observer, wake: make(chan struct{})}
+	p.sizeObs = sizeObserver(cfg.Observer)
+	p.respChans = newRespChans()
+	p.kick = make(chan struct{}, 1)
+	p.idleTicks.Store(true)
+	p.sizer.tokens = maxRescueBurst
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.conns.Store(&[]*conn{})
 	p.clock.Store(nanotime())
 	if !cfg.NoCoalesce {
-		p.flights = newFlights()
+		p.flights = newFlights(p.respChans)
 	}
 	p.wg.Add(1)
 	go p.sweepLoop()
@@ -72,26 +90,42 @@ func (p *Pool) Addr() string { return p.cfg.Addr }
 // are busy and the pool has room, and waiting (bounded by ctx and cl's deadline)
 // when every connection is full.
 func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	// The common case without acquireOr's frame: the caller runs on CoreDNS's
+	// per-query goroutine, whose stack a deeper call chain would grow (copy).
 	if c := p.pick(cl); c != nil {
 		return c, nil
 	}
+	return p.acquireSlow(ctx, cl, nil, nil)
+}
+
+// errOtherFirst: acquireOr's other channel delivered before a connection was found.
+var errOtherFirst = errors.New("dot: the other attempt completed first")
+
+// acquireOr is acquire that, while it waits, also listens on other (if not
+// nil): if that delivers first, it stores the result in got and fails with
+// errOtherFirst.
+func (p *Pool) acquireOr(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
+	if c := p.pick(cl); c != nil {
+		return c, nil
+	}
+	return p.acquireSlow(ctx, cl, other, got)
+}
+
+// acquireSlow is acquireOr once pick found no connection with room.
+func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
 	// Count ourselves as a waiter before taking the wake channel, and pick again
 	// after: a slot freed in between is then either seen by pick or wakes us. The
 	// waiters are bounded in proportion to the slots, whatever they wait for (a
 	// slot, a dial, a draining connection's replacement): past that the pool is
 	// overloaded, or a black hole is eating every slot, and waiting would only pile
 	// up goroutines and memory, so the caller fails at once and can go elsewhere.
-	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.cfg.MaxConns*p.cfg.MaxInflight) {
+	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.capConns()*p.cfg.MaxInflight) {
 		p.waiters.Add(-1)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
 	}
 	defer p.waiters.Add(-1)
+	w := slotWait{ctx: ctx, cl: cl, other: other, got: got}
+	defer w.stop()
 	for {
 		wake, err := p.needConn()
 		if err != nil {
@@ -100,58 +134,51 @@ func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
 		if c := p.pick(cl); c != nil {
 			return c, nil
 		}
-		if timer == nil {
-			timer = time.NewTimer(time.Until(time.Unix(0, cl.deadline)))
+		if cl.avoid != nil {
+			p.dialNow() // a rescue waits for a connection with nothing outstanding
 		}
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-timer.C:
-			if cl.callerDeadline {
-				return nil, context.DeadlineExceeded // the caller's deadline, not ours
-			}
-			return nil, fmt.Errorf("%w: no free connection", ErrTimeout)
+		if err := w.wait(wake); err != nil {
+			return nil, err
 		}
 	}
 }
 
-// pick registers cl on the oldest usable connection with room, and starts a dial
-// when that one is three-quarters full (all older ones being full), so that the
-// next connection is ready before it is needed. Filling connections in turn,
-// as HTTP/2 clients do, rather than spreading queries over all of them, keeps
-// the batches of queries and answers large: each costs one syscall, and a TLS
-// record read, at each end, whatever its size.
-func (p *Pool) pick(cl *call) *conn {
-	slots := int32(p.cfg.MaxInflight) // per connection
-	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
-		conns := *p.conns.Load()
-		var best *conn
-		var load int32
-		usable := 0
-		for _, c := range conns {
-			if c.unusable.Load() {
-				continue
-			}
-			usable++
-			if l := c.load.Load(); best == nil && l < slots {
-				best, load = c, l
-			}
-		}
-		if best == nil {
-			return nil
-		}
-		if best.register(cl) {
-			busy := load+1 >= slots*3/4 || best.nearQueryLimit.Load()
-			if busy && usable < p.cfg.MaxConns && !p.dialing.Load() {
-				p.mu.Lock()
-				p.startDialLocked()
-				p.mu.Unlock()
-			}
-			return best
-		}
+// slotWait is acquireSlow's waiting, in a frame of its own: pick, deep enough,
+// runs on the caller's stack without the select's.
+type slotWait struct {
+	ctx   context.Context
+	cl    *call
+	other <-chan result
+	got   *result
+	timer *time.Timer
+}
+
+// wait waits for wake, other, the context or the call's deadline.
+//
+//go:noinline
+func (w *slotWait) wait(wake <-chan struct{}) error {
+	if w.timer == nil {
+		w.timer = time.NewTimer(time.Until(time.Unix(0, w.cl.deadline)))
 	}
-	return nil
+	select {
+	case <-wake:
+		return nil
+	case *w.got = <-w.other:
+		return errOtherFirst
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	case <-w.timer.C:
+		if w.cl.callerDeadline {
+			return context.DeadlineExceeded // the caller's deadline, not ours
+		}
+		return fmt.Errorf("%w: no free connection", ErrTimeout)
+	}
+}
+
+func (w *slotWait) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 }
 
 // needConn is acquire's slow path: it starts a dial if allowed and returns the
@@ -167,7 +194,7 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 	if !p.hasRoomLocked() {
 		p.startDialLocked()
 	}
-	if p.dialc == nil && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {
+	if p.dials == 0 && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {
 		if p.redial.cause != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.redial.cause)
 		}
@@ -176,10 +203,11 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 	return p.wake, nil
 }
 
-// hasRoomLocked reports whether a usable connection has a free slot.
+// hasRoomLocked reports whether a usable connection that is not blocked has a
+// free slot.
 func (p *Pool) hasRoomLocked() bool {
 	for _, c := range *p.conns.Load() {
-		if !c.unusable.Load() && c.load.Load() < int32(p.cfg.MaxInflight) {
+		if !c.unusable.Load() && !c.blocked() && c.load.Load() < int32(p.cfg.MaxInflight) {
 			return true
 		}
 	}
@@ -195,40 +223,15 @@ func (p *Pool) hasUsableLocked() bool {
 	return false
 }
 
-// startDialLocked starts the single shared dial if none is running, the pool has
-// room and backoff allows it. It reports whether a dial was started.
-//
-// MaxConns caps the connections that take new queries. A draining connection only
-// waits for its last answers, so it does not count, lest it hold up all traffic
-// while it waits; at most MaxConns more than the cap may be draining at once.
-func (p *Pool) startDialLocked() bool {
-	// While a connection is closing, whether it failed (and so arms the backoff)
-	// is not known yet: connClosed wakes the waiters when it is.
-	if p.closed || p.dialc != nil || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
-		return false
-	}
-	conns, usable := *p.conns.Load(), 0
-	for _, c := range conns {
-		if !c.unusable.Load() {
-			usable++
-		}
-	}
-	if usable >= p.cfg.MaxConns || len(conns) >= 2*p.cfg.MaxConns {
-		return false
-	}
-	p.dialc = make(chan struct{})
-	p.dialing.Store(true)
-	p.wg.Add(1)
-	go p.dial()
-	return true
-}
-
 // dial opens one connection with the pool's context (so that no single caller's
 // cancellation can abort a dial others wait for) and adds it to the pool.
 func (p *Pool) dial() {
 	defer p.wg.Done()
 	start := time.Now()
 	tc, bc, err := p.handshake()
+	if err == nil {
+		p.noteDialTime(time.Since(start))
+	}
 	resumed := err == nil && tc.ConnectionState().DidResume
 	if err == nil || p.ctx.Err() == nil { // a dial cut short by Close is not reported
 		p.obs.Dialed(time.Since(start), resumed, err)
@@ -238,9 +241,8 @@ func (p *Pool) dial() {
 		err = dialError(err)
 	}
 	p.mu.Lock()
-	close(p.dialc)
-	p.dialc = nil
-	p.dialing.Store(false)
+	p.dials--
+	p.dialing.Store(int32(p.dials))
 	p.wakeLocked()
 	switch {
 	case err != nil && p.closed:
@@ -398,9 +400,15 @@ const maxWaitersPerSlot = 4
 // Stats returns a snapshot of the pool's state.
 func (p *Pool) Stats() Stats {
 	conns := *p.conns.Load()
-	s := Stats{Conns: len(conns)}
+	s := Stats{Conns: len(conns), Mode: p.learned.mode.get()}
 	for _, c := range conns {
 		s.Inflight += int(c.load.Load())
+		switch {
+		case c.blocked():
+			s.Blocked++
+		case !c.unusable.Load():
+			s.Taking++
+		}
 	}
 	p.mu.Lock()
 	s.Strikes = p.redial.strikes

@@ -237,8 +237,9 @@ func TestStalledConnectionIsReplaced(t *testing.T) {
 	if _, err := exchange(p, "first.example."); err != nil {
 		t.Fatal(err)
 	}
-	// The connection answers neither of the next two queries: the stall detector
-	// must close it and both must be replayed on a fresh connection.
+	// The connection answers neither of the next two queries: the second is
+	// rescued on a fresh connection (it waits behind the first with nothing
+	// read), and the stall detector must close the connection and replay the first.
 	var wg sync.WaitGroup
 	for _, name := range []string{"second.example.", "third.example."} {
 		wg.Go(func() {
@@ -251,8 +252,8 @@ func TestStalledConnectionIsReplaced(t *testing.T) {
 	if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 1 {
 		t.Errorf("Stall closes = %d, want 1", got)
 	}
-	if got := rec.get(func(r *recorder) int { return r.replays }); got != 2 {
-		t.Errorf("Replays = %d, want 2", got)
+	if got := rec.get(func(r *recorder) int { return r.replays + r.rescues }); got != 2 {
+		t.Errorf("Replays + rescues = %d, want 2", got)
 	}
 }
 
@@ -282,11 +283,10 @@ func TestSlowAnswerDoesNotCloseLiveConnection(t *testing.T) {
 	if err := <-slow; err != nil {
 		t.Fatalf("Slow query: %v", err)
 	}
-	if h := s.Handshakes(); h != 1 {
-		t.Errorf("Handshakes = %d, want 1", h)
-	}
-	if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 0 {
-		t.Errorf("Stall closes = %d, want 0", got)
+	// (A fast query stuck for a scheduling hiccup may be rescued on a second
+	// connection: that one may be dialled, but none is closed.)
+	if got := rec.get(func(r *recorder) int { return len(r.closes) }); got != 0 {
+		t.Errorf("%d connections closed (by reason), want none", got)
 	}
 }
 

@@ -72,10 +72,18 @@ func (c *conn) dispatch(frame []byte) {
 		drop = DropWrongQuestion // the call keeps waiting for its real answer
 	case cl.tombUntil != 0:
 		drop = DropLate
+		if cl.lost {
+			drop = DropRescued
+			c.pool.judgeLocked(cl, nanotime())
+		}
 		c.removeLocked(cl)
 	default:
 		c.removeLocked(cl)
 		c.answered++
+	}
+	if drop < 0 || drop == DropLate || drop == DropRescued {
+		c.served++
+		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime())
 	}
 	first := drop < 0 && c.answered == 1
 	drain := c.drainedLocked()

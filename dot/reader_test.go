@@ -18,11 +18,13 @@ func TestWrongQuestionAndIDAreDroppedConnectionKept(t *testing.T) {
 			r.Id ^= 0x8000
 		}
 	}})
-	p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond })
+	p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond; c.TombstoneTTL = 50 * time.Millisecond })
 	for _, name := range []string{"wrongq.example.", "wrongid.example."} {
 		if _, err := exchange(p, name); !errors.Is(err, ErrTimeout) {
 			t.Errorf("%s: error = %v, want ErrTimeout (its answer must be dropped)", name, err)
 		}
+		// Its tombstone gone, the next query is not stuck behind it (and rescued).
+		waitFor(t, "the tombstone to expire", func() bool { return p.Stats().Inflight == 0 })
 	}
 	if got := rec.get(func(r *recorder) int { return r.drops[DropWrongQuestion] }); got != 1 {
 		t.Errorf("Wrong-question drops = %d, want 1", got)

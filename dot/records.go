@@ -144,9 +144,11 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 		if !cl.q.framed() {
 			continue // never sent: left queued, its caller or the sweeper gives it up
 		}
+		cl.seq = c.wseq + 1 // before the CAS that lets the reader see the call
 		if !cl.state.CompareAndSwap(callQueued, callSent) {
 			continue
 		}
+		c.wseq++
 		last = len(buf)
 		buf = binary.BigEndian.AppendUint16(buf, uint16(len(cl.q.wire)-2))
 		buf = binary.BigEndian.AppendUint16(buf, cl.id)
@@ -171,9 +173,15 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 		return 0, c.bc.flush()
 	}
 	// Frames read before the write cannot be answers to it: whatever is read from
-	// now on counts as "read since it was sent".
-	reads := c.reads.Load()
-	c.tc.SetWriteDeadline(time.Now().Add(c.pool.cfg.WriteTimeout))
+	// now on counts as "read since it was sent". The times are taken before the
+	// flush so that the reader finds them when the answers come.
+	reads, now := c.reads.Load(), time.Now()
+	for _, cl := range batch[:n] {
+		cl.readsAt.Store(reads)
+		cl.sentAt.Store(now.UnixNano())
+	}
+	c.wroteAt.Store(now.UnixNano())
+	c.tc.SetWriteDeadline(now.Add(c.pool.cfg.WriteTimeout))
 	err := c.bc.flush()
 	if werr != nil {
 		err = werr
@@ -182,10 +190,5 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 	// write that crypto/tls makes on its own after an idle spell (the reply to a
 	// TLS 1.3 KeyUpdate, made by the reader) and kill a healthy connection.
 	c.tc.SetWriteDeadline(time.Time{})
-	now := nanotime()
-	for _, cl := range batch[:n] {
-		cl.readsAt.Store(reads)
-		cl.sentAt.Store(now)
-	}
 	return n, err
 }

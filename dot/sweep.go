@@ -5,10 +5,11 @@ import (
 	"time"
 )
 
-// sweep runs on the pool's ticker. Under c.mu it times out calls past their
-// deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge and
-// judges what the connection's state calls for (sweepVerdictLocked); outside the
-// lock it completes the timed-out calls and closes the connection if it must.
+// sweep runs on the pool's full sweeps. Under c.mu it times out calls past their
+// deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge (and
+// calls for a successor shortly before) and judges what the connection's state
+// calls for (sweepVerdictLocked); outside the lock it completes the timed-out
+// calls and closes the connection if it must.
 func (c *conn) sweep(now int64) {
 	c.mu.Lock()
 	if c.state == stateClosed {
@@ -16,8 +17,14 @@ func (c *conn) sweep(now int64) {
 		return
 	}
 	expired, oldest, next := c.timeoutsLocked(now)
-	if maxAge := c.pool.cfg.MaxAge; maxAge > 0 && now-c.born > int64(maxAge) {
-		c.setDrainingLocked(CloseMaxAge)
+	if maxAge := c.pool.cfg.MaxAge; maxAge > 0 {
+		age := time.Duration(now - c.born)
+		if age > maxAge-min(maxAge/8, c.idle/2, nearEndLead) {
+			c.nearEnd.Store(true)
+		}
+		if age > maxAge {
+			c.setDrainingLocked(CloseMaxAge)
+		}
 	}
 	v := c.sweepVerdictLocked(now, oldest, next)
 	c.mu.Unlock()
@@ -33,6 +40,19 @@ func (c *conn) sweep(now int64) {
 		c.pool.slotFreed()
 	}
 }
+
+// collect returns and clears what c's answers said of the upstream since the
+// last collect (see answerLog); answer times above ceiling (if not 0) count as
+// ceiling from now on.
+func (c *conn) collect(ceiling int64) (e evidence, aloneSum int64, aloneN int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answers.aloneCeiling = ceiling
+	return c.answers.collect()
+}
+
+// nearEndLead bounds how long before MaxAge a connection's successor is dialled.
+const nearEndLead = time.Second
 
 // timeoutsLocked reaps expired tombstones and gives up the live calls past their
 // deadline, returning those (to be completed outside the lock) and the two
@@ -123,26 +143,96 @@ var (
 // queries are outstanding: a quarter of the stall timeout, at most 500ms.
 func drainQuiet(cfg *Config) time.Duration { return min(cfg.StallTimeout/4, 500*time.Millisecond) }
 
-// sweepLoop drives timeouts, tombstone expiry, stall, idle and drain checks for
-// every connection from one ticker.
+// sweepLoop drives, from one timer, the watch for blocked connections and the
+// sizing (every tick: fast while queries are outstanding) and the full sweep of
+// timeouts, tombstone expiry, stall, idle and drain checks and learning (every
+// sweepInterval).
 func (p *Pool) sweepLoop() {
 	defer p.wg.Done()
-	t := time.NewTicker(p.sweepInterval())
+	full := p.sweepInterval()
+	t := time.NewTimer(full)
 	defer t.Stop()
+	var next int64                  // unix ns of the next full sweep
+	due := nanotime() + int64(full) // when the timer should fire
 	for {
 		select {
 		case <-p.ctx.Done():
 			return
-		case now := <-t.C:
-			p.clock.Store(now.UnixNano())
-			for _, c := range *p.conns.Load() {
-				c.sweep(now.UnixNano())
-			}
+		case <-t.C:
+		case <-p.kick:
+			t.Stop() // no stale tick after this (Go 1.23 timers)
+		}
+		now := nanotime()
+		p.clock.Store(now)
+		conns := *p.conns.Load()
+		busy, reads := p.watch(now, max(now-due, 0), conns)
+		sweep := now >= next
+		if sweep {
+			next = now + int64(full)
+			p.sweepAll(now, conns)
+		}
+		if sweep || p.rescuesWon.Load() >= minRescueEvidence {
+			p.learn(now, conns) // at once on rescues that won: the mode decides where the next queries go
+		}
+		p.size(now, reads, conns, sweep)
+		d := full
+		if busy {
+			d = min(max(time.Duration(p.rescueDelay()/4), minWatchInterval), full)
+		}
+		p.idleTicks.Store(!busy) // before the reset: a query registered from now on kicks
+		t.Reset(d)
+		due = nanotime() + int64(d)
+	}
+}
+
+// kickSweeper wakes the sweeper if it ticks slowly (nothing was outstanding):
+// a query is now, and a connection it blocks must be seen within a fast tick.
+func (p *Pool) kickSweeper() {
+	if p.idleTicks.Load() && p.idleTicks.CompareAndSwap(true, false) {
+		select {
+		case p.kick <- struct{}{}:
+		default:
 		}
 	}
 }
 
-// sweepInterval is the timer granularity: a twentieth of the shortest timeout,
+// minWatchInterval is the fastest the sweeper ticks, while queries are outstanding.
+const minWatchInterval = minRescueDelay / 4
+
+// sweepAll sweeps every connection (see conn.sweep).
+func (p *Pool) sweepAll(now int64, conns []*conn) {
+	for _, c := range conns {
+		c.sweep(now)
+	}
+}
+
+// learn collects what the connections' answers said of the upstream (see
+// answerLog) and the rescues that won, and updates the mode and the usual
+// answer time; it reports a change of mode.
+func (p *Pool) learn(now int64, conns []*conn) {
+	m := &p.learned.mode
+	var e evidence
+	var sum int64
+	var n int
+	for _, c := range conns {
+		ce, cs, cn := c.collect(2 * m.base.Load())
+		e.inversions += ce.inversions
+		e.busy += ce.busy
+		e.busySlow += ce.busySlow
+		sum, n = sum+cs, n+cn
+	}
+	e.rescued = float64(p.rescuesWon.Swap(0))
+	m.learnBase(sum, n)
+	if mode, changed := m.update(e, now); changed {
+		perConn := p.cfg.MaxInflight
+		if mode == ModeInOrder {
+			perConn = 1
+		}
+		p.sizeObs.ModeLearned(mode, perConn)
+	}
+}
+
+// sweepInterval is the full sweep's period: a twentieth of the shortest timeout,
 // between 5ms and 100ms.
 func (p *Pool) sweepInterval() time.Duration {
 	d := min(p.cfg.ReadTimeout, p.cfg.StallTimeout) / 20

@@ -2,6 +2,7 @@ package dottest
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -56,6 +57,11 @@ type Options struct {
 	TLS func(*tls.Config)
 	// Addr is the listen address. Default "127.0.0.1:0".
 	Addr string
+	// Pipe serves connections made by Server.Dial over in-memory pipes (see the
+	// function Pipe) instead of listening: for tests under testing/synctest, whose clock only advances
+	// while every goroutine waits on something in memory, never on a socket.
+	// Start and use such a server inside the bubble.
+	Pipe bool
 }
 
 // Server is a scriptable DoT server on 127.0.0.1.
@@ -69,6 +75,8 @@ type Server struct {
 	ln   net.Listener
 
 	queries, answers, handshakes, resumed, conns, maxOutstanding, records atomic.Int64
+
+	inOrder atomic.Bool // Options.InOrder, changed by SetInOrder
 
 	mu             sync.Mutex
 	open           map[net.Conn]struct{} // guarded by mu
@@ -105,18 +113,57 @@ func New(opts Options) (*Server, error) {
 	if opts.TLS != nil {
 		opts.TLS(cfg)
 	}
+	s := &Server{
+		Addr: pipeAddr, ServerName: ServerName, Cert: opts.Cert,
+		opts: opts, tls: cfg, open: map[net.Conn]struct{}{},
+	}
+	s.inOrder.Store(opts.InOrder)
+	if opts.Pipe {
+		return s, nil
+	}
 	ln, err := net.Listen("tcp", opts.Addr)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{
-		Addr: ln.Addr().String(), ServerName: ServerName, Cert: opts.Cert,
-		opts: opts, tls: cfg, ln: ln, open: map[net.Conn]struct{}{},
-	}
+	s.Addr, s.ln = ln.Addr().String(), ln
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
 }
+
+// pipeAddr is a Pipe server's Addr: a well-formed address nothing listens on.
+const pipeAddr = "127.0.0.1:853"
+
+// ErrClosed is returned by Dial once the server is closed.
+var ErrClosed = errors.New("dottest: server closed")
+
+// Dial connects to a Pipe server over an in-memory pipe; it has the signature
+// of dot.Config.Dial. The server end is served like an accepted connection.
+func (s *Server) Dial(context.Context, string, string) (net.Conn, error) {
+	client, server := Pipe()
+	if !s.track(server) {
+		return nil, ErrClosed
+	}
+	s.wg.Add(1)
+	go s.serve(server)
+	return client, nil
+}
+
+// track records an accepted connection, unless the server is closed.
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return false
+	}
+	s.open[c] = struct{}{}
+	return true
+}
+
+// SetInOrder changes whether the server answers each connection's queries one
+// at a time, in order (Options.InOrder), from the next query on.
+func (s *Server) SetInOrder(inOrder bool) { s.inOrder.Store(inOrder) }
 
 // ClientTLS returns a client configuration that trusts this server.
 func (s *Server) ClientTLS() *tls.Config { return s.Cert.ClientTLS(s.ServerName) }
@@ -166,7 +213,9 @@ func (s *Server) Close() {
 		c.Close()
 	}
 	s.mu.Unlock()
-	s.ln.Close()
+	if s.ln != nil {
+		s.ln.Close()
+	}
 	s.wg.Wait()
 }
 
@@ -186,14 +235,9 @@ func (s *Server) acceptLoop() {
 		if err != nil {
 			return
 		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			raw.Close()
+		if !s.track(raw) {
 			return
 		}
-		s.open[raw] = struct{}{}
-		s.mu.Unlock()
 		s.wg.Add(1)
 		go s.serve(raw)
 	}
@@ -286,7 +330,7 @@ func (sc *serverConn) query(wire []byte, received int) {
 		return
 	}
 	sc.noteOutstanding(1)
-	if sc.s.opts.InOrder {
+	if sc.s.inOrder.Load() {
 		sc.answer(q)
 		return
 	}

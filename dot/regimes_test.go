@@ -1,0 +1,391 @@
+package dot
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// The regime tests put the pool in front of upstreams unlike the out-of-order,
+// fast one it was first built for (issue 14), under a steady load, in a
+// testing/synctest bubble over in-memory connections: the clock is virtual, so
+// a fast answer takes no time at all and every latency is exactly what the
+// pool and the scripted server made it.
+
+// bubble runs f in a synctest bubble with a pipe server scripted by opts and a
+// pool to it; each dial takes handshake (virtual) time. The bubble ends only
+// once every goroutine has: a leak fails the test.
+func bubble(t *testing.T, opts dottest.Options, handshake time.Duration, mod func(*Config), f func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		opts.Pipe = true
+		s := dottest.Start(t, opts)
+		rec := newRecorder()
+		cfg := Config{Addr: s.Addr, TLS: s.ClientTLS(), Observer: rec,
+			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				time.Sleep(handshake)
+				return s.Dial(ctx, network, addr)
+			}}
+		if mod != nil {
+			mod(&cfg)
+		}
+		p, err := New(cfg)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		defer p.Close()
+		f(t, s, p, rec)
+	})
+}
+
+// regimeOutcome is how one query of a load went.
+type regimeOutcome struct {
+	name string
+	took time.Duration
+	err  error
+}
+
+// offer sends n queries, one every gap, each from its own goroutine, named by
+// name(i), and returns how each went once all are done.
+func offer(p *Pool, n int, gap time.Duration, name func(i int) string) []regimeOutcome {
+	out := make([]regimeOutcome, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			start := time.Now()
+			_, err := exchange(p, name(i))
+			out[i] = regimeOutcome{name(i), time.Since(start), err}
+		})
+		time.Sleep(gap)
+	}
+	wg.Wait()
+	return out
+}
+
+// sampler records the most connections a pool had open and taking queries.
+type sampler struct {
+	stop            chan struct{}
+	done            sync.WaitGroup
+	conns, taking   atomic.Int64
+	minConns, first atomic.Int64
+}
+
+// sample starts sampling p every millisecond.
+func sample(p *Pool) *sampler {
+	sm := &sampler{stop: make(chan struct{})}
+	sm.done.Go(func() {
+		for {
+			st := p.Stats()
+			sm.conns.Store(max(sm.conns.Load(), int64(st.Conns)))
+			sm.taking.Store(max(sm.taking.Load(), int64(st.Taking)))
+			select {
+			case <-sm.stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	})
+	return sm
+}
+
+func (sm *sampler) end() {
+	close(sm.stop)
+	sm.done.Wait()
+}
+
+// checkOutcomes fails the test for a failed query and for one that took longer
+// than slowest(name).
+func checkOutcomes(t *testing.T, out []regimeOutcome, slowest func(name string) time.Duration) {
+	t.Helper()
+	bad := 0
+	for _, o := range out {
+		if o.err != nil || o.took > slowest(o.name) {
+			if bad++; bad <= 5 {
+				t.Errorf("Query %s: took %v (at most %v), error %v", o.name, o.took, slowest(o.name), o.err)
+			}
+		}
+	}
+	if bad > 5 {
+		t.Errorf("... and %d more of %d queries", bad-5, len(out))
+	}
+}
+
+// shrinks waits out the idle timeout and checks that the pool closed every
+// connection the load had opened.
+func shrinks(t *testing.T, p *Pool) {
+	t.Helper()
+	time.Sleep(2 * DefaultIdleTimeout)
+	if st := p.Stats(); st.Conns != 0 {
+		t.Errorf("%d connections open %v after the load, want none", st.Conns, 2*DefaultIdleTimeout)
+	}
+}
+
+// everyNth delays the n-th query the server receives (of all connections, from
+// the first on) by d, as CoreDNS's erratic plugin does.
+func everyNth(n int64, d time.Duration) func(dns.Question) time.Duration {
+	var count atomic.Int64
+	return func(dns.Question) time.Duration {
+		if count.Add(1)%n == 1 {
+			return d
+		}
+		return 0
+	}
+}
+
+// An upstream that answers a connection's queries one at a time, each after
+// 5 ms (dnsdist's DoT defaults before a slow backend): the pool learns it is in
+// order and spreads the load over as many connections as it needs, so that
+// (once learned) no query waits for another; afterwards it shrinks back.
+func TestRegimeInOrder(t *testing.T) {
+	const service = 5 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warm := offer(p, 200, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("w%d.example.", i) })
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Fatalf("Mode after 100 ms of load = %v, want %v", m, ModeInOrder)
+		}
+		sm := sample(p)
+		out := offer(p, 2000, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		// 2,000 QPS × 5 ms: 10 queries in flight on average. A query that
+		// found every connection busy waits for one more answer at most.
+		checkOutcomes(t, out, func(string) time.Duration { return 2 * service })
+		if c := sm.conns.Load(); c <= AutoMaxConnsOutOfOrder || c > 40 {
+			t.Errorf("At most %d connections open, want more than %d and at most 40", c, AutoMaxConnsOutOfOrder)
+		}
+		shrinks(t, p)
+	})
+}
+
+// An upstream that answers out of order: a few full connections carry 200
+// queries in flight, as before issue 14.
+func TestRegimeOutOfOrder(t *testing.T) {
+	var n atomic.Int64
+	opts := dottest.Options{Delay: func(dns.Question) time.Duration { return time.Duration(n.Add(1)%5) * time.Millisecond }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		sm := sample(p)
+		// 200 in flight: 40,000 QPS × 5 ms at most.
+		out := offer(p, 8000, 25*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return 10 * time.Millisecond })
+		if m := p.Stats().Mode; m != ModeOutOfOrder {
+			t.Errorf("Mode = %v, want %v", m, ModeOutOfOrder)
+		}
+		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open, want at most %d", c, AutoMaxConnsOutOfOrder)
+		}
+		if o := s.MaxOutstanding(); o < 64 {
+			t.Errorf("At most %d queries outstanding on a connection, want full connections (64 or more)", o)
+		}
+		shrinks(t, p)
+	})
+}
+
+// An in-order upstream that holds back every 20th query for 300 ms (CoreDNS's
+// tls:// server with erratic): a query written behind a slow one is rescued
+// on another connection, so that no query waits past the rescue delay (and a
+// sweeper tick) behind a slow one; while the pool learns the mode (the first
+// 100 ms, when it still fills connections in turn) a query may be stuck twice.
+// The slow ones take their 300 ms. Late answers to rescued queries are dropped
+// and counted.
+func TestRegimeInOrderSlowTail(t *testing.T) {
+	const slow = 300 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: everyNth(20, slow)}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		sm := sample(p)
+		const gap = 500 * time.Microsecond
+		out := offer(p, 2000, gap, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		limit := minRescueDelay + 2*minWatchInterval + time.Millisecond // written, blocked, rescued, answered
+		fast := 0
+		for i, o := range out {
+			within := limit
+			if time.Duration(i)*gap < 100*time.Millisecond {
+				within = 2 * limit
+			}
+			if o.err != nil || o.took > slow+within {
+				t.Errorf("Query %s: took %v, error %v", o.name, o.took, o.err)
+			}
+			if o.took <= within {
+				fast++
+			}
+		}
+		// 1 in 20 queries the server receives is slow (a rescue may be one):
+		// every other query is answered within the limit, but for a probe now
+		// and then (see probeConn), which may find itself behind a slow one
+		// after all and be rescued late in a tick.
+		slowOnes, probes := int(s.Queries()+19)/20, len(out)/inOrderProbeEvery
+		if fast < len(out)-slowOnes-probes {
+			t.Errorf("%d of %d queries answered within %v, want all but the %d slow ones (and %d probes)", fast, len(out), limit, slowOnes, probes)
+		}
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Errorf("Mode = %v, want %v", m, ModeInOrder)
+		}
+		rescues, late := rec.get(func(r *recorder) int { return r.rescues }), rec.get(func(r *recorder) int { return r.drops[DropRescued] })
+		if rescues == 0 || late == 0 || late > rescues {
+			t.Errorf("Rescues %d, late answers dropped as rescued %d: want some, and no more drops than rescues", rescues, late)
+		}
+		if c := sm.conns.Load(); c <= AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open, want more than %d: each slow answer blocks one for 300 ms", c, AutoMaxConnsOutOfOrder)
+		}
+		t.Logf("Rescues %d, at most %d connections, %d dials", rescues, sm.conns.Load(), s.Handshakes())
+		shrinks(t, p)
+	})
+}
+
+// A server that cuts every connection after 50 answers and answers 1 name in 20
+// after 300 ms, out of order: connections near the learned query limit get
+// their successor before they end, several may be dialled at once, and many may
+// be draining while their slow answers come in, so that a fast query never
+// waits for a handshake or a slow answer; nothing is lost and nothing is
+// written more than twice.
+func TestRegimeQueryLimitSlowTail(t *testing.T) {
+	const slow = 300 * time.Millisecond
+	var mu sync.Mutex
+	seen := map[string]int{}
+	opts := dottest.Options{
+		CloseAfter: 50,
+		Delay: func(q dns.Question) time.Duration {
+			if strings.HasPrefix(q.Name, "s") {
+				return slow
+			}
+			return 0
+		},
+		OnQuery: func(wire []byte) {
+			m := new(dns.Msg)
+			if m.Unpack(wire) == nil {
+				mu.Lock()
+				seen[m.Question[0].Name]++
+				mu.Unlock()
+			}
+		},
+	}
+	const handshake = 2 * time.Millisecond
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string {
+			if i%20 == 0 {
+				return fmt.Sprintf("s%d.example.", i)
+			}
+			return fmt.Sprintf("q%d.example.", i)
+		}
+		// The pool learns the query limit from the first cut with queries
+		// outstanding: until then a connection takes queries the server ignores,
+		// which wait for the cut, after the slow 50th answer, to be replayed.
+		warm := offer(p, 600, 333*time.Microsecond, func(i int) string { return name(i) + "warm." })
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if p.learned.limit.get() == 0 {
+			t.Fatal("No query limit learned in the warm-up")
+		}
+		sm := sample(p)
+		out := offer(p, 3000, 333*time.Microsecond, name)
+		sm.end()
+		// A fast name waits for nothing at all: not for a handshake (the
+		// successor of a connection near its limit is ready before it ends), not
+		// for a slow answer (out of order), not for a cut (none: the limit is
+		// known).
+		checkOutcomes(t, out, func(n string) time.Duration {
+			if strings.HasPrefix(n, "s") {
+				return slow
+			}
+			return 0
+		})
+		mu.Lock()
+		for n, k := range seen {
+			if k > 2 {
+				t.Errorf("%s was written %d times, want at most 2", n, k)
+			}
+		}
+		mu.Unlock()
+		// About one connection in 45 queries, and with the slow answers a score
+		// of them draining at once.
+		t.Logf("%d handshakes, at most %d connections open", s.Handshakes(), sm.conns.Load())
+		shrinks(t, p)
+	})
+}
+
+// A server that cuts every connection after 25 answers, at a rate that uses one
+// up every few milliseconds, about as long as a handshake takes: successors are
+// dialled before their predecessors end, several at once, so that no query
+// waits for a handshake once the limit is known.
+func TestRegimeChurn(t *testing.T) {
+	const handshake = 4 * time.Millisecond
+	bubble(t, dottest.Options{CloseAfter: 25}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		warm := offer(p, 1000, 100*time.Microsecond, name)
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if p.learned.limit.get() == 0 {
+			t.Fatal("No query limit learned in the warm-up")
+		}
+		// 10,000 QPS: a connection of 24 queries lasts 2.4 ms, less than a
+		// handshake; one handshake at a time would give at most 6,000 QPS.
+		out := offer(p, 5000, 100*time.Microsecond, name)
+		checkOutcomes(t, out, func(string) time.Duration { return 0 })
+		t.Logf("%d handshakes, %d connections closed at the limit", s.Handshakes(), rec.get(func(r *recorder) int { return r.closes[CloseLimit] }))
+	})
+}
+
+// An upstream that changes how it serves a connection: in order with a slow
+// tail, then out of order, then in order again. The mode follows each change
+// (out of order as soon as an answer overtakes another, a probe's if need be;
+// in order a second after the last answer out of order), and once out of order
+// the pool is back to a few connections. Once the mode is learned, no query
+// waits behind a slow one past the rescue delay.
+func TestRegimeSwitchingUpstream(t *testing.T) {
+	const slow = 300 * time.Millisecond
+	var n atomic.Int64
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration {
+		if n.Add(1)%20 == 1 {
+			return slow
+		}
+		return time.Duration(n.Load()%5) * 100 * time.Microsecond // so that answers out of order show
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		load := func(tag string, check bool) {
+			out := offer(p, 1000, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("%s%d.example.", tag, i) })
+			checkOutcomes(t, out, func(string) time.Duration {
+				if !check {
+					return 2 * time.Second // settling: only failures count
+				}
+				return slow + 2*(minRescueDelay+2*minWatchInterval+time.Millisecond)
+			})
+		}
+		mode := func(when string, want Mode) {
+			t.Helper()
+			if m := p.Stats().Mode; m != want {
+				t.Fatalf("Mode = %v %s, want %v", m, when, want)
+			}
+		}
+		load("a", false)
+		load("b", true)
+		mode("in order", ModeInOrder)
+		s.SetInOrder(false)
+		load("c", false)
+		mode("once out of order", ModeOutOfOrder)
+		// The connections the in-order spell opened close as they go idle.
+		time.Sleep(2 * DefaultIdleTimeout)
+		sm := sample(p)
+		load("d", true)
+		sm.end()
+		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open out of order, want at most %d", c, AutoMaxConnsOutOfOrder)
+		}
+		s.SetInOrder(true)
+		load("e", false)
+		load("f", false)
+		load("g", true)
+		mode("in order again", ModeInOrder)
+		if got := rec.get(func(r *recorder) int { return len(r.modes) }); got < 3 {
+			t.Errorf("%d mode changes reported, want 3 or more", got)
+		}
+	})
+}

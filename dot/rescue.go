@@ -1,0 +1,260 @@
+package dot
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"time"
+)
+
+// Rescues.
+//
+// A connection is blocked when it has read nothing for rescueDelay and a query
+// written on it has waited that long with an older one still outstanding: an
+// in-order upstream serves it only after the older one, which is slow (or the
+// connection is dying). A blocked connection takes no new query
+// until it reads again, and the queries stuck on it are rescued: each caller is
+// told (a notice on its call's resp, errRescued) and sends its query once more,
+// on another connection (dialled if need be). The call stays live where it was,
+// and the first answer of the two wins; the other attempt is given up, and its
+// late answer dropped and counted (DropRescued). Only an unanswered plain
+// QUERY on its first attempt is rescued, and a query is never sent more than
+// twice (a rescued query is not replayed, nor rescued again).
+//
+// What rescues cost is bounded: they are at most rescueShare of the answers
+// (with a burst of maxRescueBurst). A rescue that wins by a rescue delay or
+// more is evidence that the upstream serves a connection's queries in order
+// (see judgeLocked).
+
+const (
+	// minRescueDelay is the least a query waits, with nothing read, before it
+	// is rescued: more than this machine's scheduling hiccups.
+	minRescueDelay = 10 * time.Millisecond
+	// rescueFactor: a query is rescued after this many times the usual
+	// answer time, if that is longer than minRescueDelay.
+	rescueFactor = 8
+	// rescueShare caps rescues as a share of the answers, maxRescueBurst the
+	// rescues at once.
+	rescueShare    = 0.25
+	maxRescueBurst = 64
+)
+
+// rescueCost is what a rescue costs of the budget in each mode. In order, one:
+// a quarter of the answers may be rescues. Unknown, four: a connection that
+// reads nothing may as well be the upstream pausing (the pool finds out from
+// the rescues, see judgeLocked). Out of order, ten: a query waits for nobody,
+// and one that takes long is most likely slow itself, so that sending it again
+// doubles the work for nothing; a few rescues still find out if the upstream
+// changed.
+var rescueCost = [modeCount]float64{ModeUnknown: 4, ModeOutOfOrder: 10, ModeInOrder: 1}
+
+// judgeLocked judges the original of a rescue that won (at cl.wonAt), when its
+// late answer comes or when the sweeper finds it still unanswered: if that is a
+// rescue delay or more after the rescue's answer, the original was stuck
+// behind another query (not slow itself, and the upstream did not just pause:
+// then both come at once), which is evidence that the upstream serves a
+// connection's queries in order. Each is judged once. A record trial's query is
+// not: it may have been stuck because the upstream did not read it (see
+// records.go). The connection's mu must be held.
+func (p *Pool) judgeLocked(cl *call, now int64) {
+	if cl.wonAt != 0 && now-cl.wonAt >= p.rescueDelay() {
+		if !cl.trial {
+			p.rescuesWon.Add(1)
+		}
+		cl.wonAt = 0
+	}
+}
+
+// errRescued is a rescue notice: the call is stuck behind a slow answer and the
+// caller is to send the query again elsewhere. The call stays live.
+var errRescued = errors.New("dot: query stuck behind a slow answer")
+
+// rescueDelay is how long a query may wait with nothing read before it is rescued.
+func (p *Pool) rescueDelay() int64 {
+	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.base.Load())
+}
+
+// blockWatch is the sweeper's view of one connection's reads, for telling when
+// it is blocked. Sweeper only.
+type blockWatch struct {
+	reads int64 // the connection's frames read at the last tick
+	since int64 // unix ns since when reads has not moved
+}
+
+// watch runs on every tick. It finds blocked connections and rescues the calls
+// stuck on them (see conn.rescue), and reports whether any connection has
+// calls outstanding and how many frames all have read. late is how much later
+// than due the tick came: the time this process did not run is not counted as
+// time a connection read nothing.
+func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
+	for _, c := range conns {
+		w, r := &c.watch, c.reads.Load()
+		total += r
+		if r != w.reads || w.since == 0 {
+			w.reads, w.since = r, now
+		} else {
+			w.since = min(w.since+late, now)
+		}
+		busy = busy || c.load.Load() > 0
+	}
+	cost := rescueCost[p.learned.mode.get()]
+	delay := p.rescueDelay()
+	for _, c := range conns {
+		if c.load.Load() >= 2 && now-c.watch.since >= delay {
+			c.rescue(now, delay, cost, &p.sizer.tokens)
+		}
+	}
+	return busy, total
+}
+
+// rescue is called on a connection that has read nothing for delay. It marks c
+// blocked if a written call has waited delay behind an older one still
+// outstanding. Then such calls that may be rescued get a rescue notice, oldest
+// first, as far as tokens allow, and the calls not yet written move to another
+// connection at no cost (errUnsent), rather than go out behind the slow one,
+// if the pool may have another.
+func (c *conn) rescue(now, delay int64, cost float64, tokens *float64) {
+	c.mu.Lock()
+	stuck := c.stuckLocked(now, delay)
+	if len(stuck) == 0 || c.state == stateClosed {
+		c.mu.Unlock()
+		return
+	}
+	c.blockedAt.Store(c.reads.Load() + 1)
+	var moved []*call
+	for _, cl := range c.calls {
+		if c.pool.capConns() > 1 && cl.state.CompareAndSwap(callQueued, callAbandoned) {
+			c.removeLocked(cl)
+			moved = append(moved, cl)
+		}
+	}
+	slices.SortFunc(stuck, func(a, b *call) int { return cmp.Compare(a.seq, b.seq) })
+	for _, cl := range stuck {
+		if !cl.rescuable || cl.rescued || cl.deadline-now < delay || *tokens < cost {
+			continue
+		}
+		select {
+		case cl.resp <- result{err: errRescued}: // room for it: a live call is completed only under mu
+			cl.rescued = true
+			*tokens -= cost
+		default:
+		}
+	}
+	c.mu.Unlock()
+	for _, cl := range moved {
+		cl.complete(result{err: errUnsent})
+	}
+}
+
+// stuckLocked returns the live calls written delay ago or more while a call
+// written before them (live or a tombstone) is still outstanding; it judges the
+// originals of rescues that won on the way.
+func (c *conn) stuckLocked(now, delay int64) []*call {
+	var head uint32 // the oldest written call's seq
+	for _, cl := range c.calls {
+		if cl.state.Load() == callSent && (head == 0 || cl.seq < head) { // seq is set before the state
+			head = cl.seq
+		}
+	}
+	var stuck []*call
+	for _, cl := range c.calls {
+		if cl.tombUntil != 0 {
+			c.pool.judgeLocked(cl, now)
+		} else if cl.state.Load() == callSent && cl.seq != head && now-cl.sentAt.Load() >= delay {
+			stuck = append(stuck, cl)
+		}
+	}
+	return stuck
+}
+
+// rescue sends q once more, on another connection than c, for its call cl that
+// is stuck there, and returns the first answer of the two attempts (see race).
+// While it waits for a connection, an answer to cl still wins; if none can take
+// it, cl is simply awaited.
+func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn, cl *call) (result, bool) {
+	r := p.newCall(ctx, q, deadline)
+	r.avoid, r.rescuable = c, false
+	var got result
+	rc, err := p.acquireOr(ctx, r, cl.resp, &got)
+	if err != nil {
+		p.respChans.Put(r.resp)
+		if errors.Is(err, errOtherFirst) {
+			return got, true
+		}
+		return c.await(ctx.Done(), cl)
+	}
+	q.resent = true
+	p.sizeObs.Rescued()
+	defer p.respChans.Put(r.resp)
+	return p.race(ctx.Done(), attempt{c, cl}, attempt{rc, r})
+}
+
+// attempt is a call and the connection it is registered on.
+type attempt struct {
+	c  *conn
+	cl *call
+}
+
+// race waits for the first answer of a stuck attempt and its rescue and gives
+// up the other. An error of one leaves the other to answer; if both fail, the
+// last error is returned.
+func (p *Pool) race(done <-chan struct{}, stuck, resc attempt) (result, bool) {
+	pending := [2]*attempt{&stuck, &resc}
+	var last result
+	for pending[0] != nil || pending[1] != nil {
+		var res result
+		var i int
+		select {
+		case res = <-respOf(pending[0]):
+		case res = <-respOf(pending[1]):
+			i = 1
+		case <-done:
+			return p.giveUpBoth(pending)
+		}
+		pending[i] = nil
+		if !answered(res) {
+			last = res
+			continue
+		}
+		if other := pending[1-i]; other != nil {
+			var wonAt int64
+			if i == 1 {
+				wonAt = nanotime() // the rescue won: judge the original when it comes
+			}
+			if r, ok := other.c.release(other.cl, true, wonAt); ok && answered(r) {
+				p.obs.Dropped(DropRescued) // both were in: the loser's answer goes nowhere
+			}
+		}
+		return res, true
+	}
+	return last, true
+}
+
+// respOf is a pending attempt's result channel, nil (never ready) for none.
+func respOf(a *attempt) <-chan result {
+	if a == nil {
+		return nil
+	}
+	return a.cl.resp
+}
+
+// giveUpBoth ends a race whose caller gave up: both pending attempts are given
+// up, and an answer that came meanwhile is still preferred.
+func (p *Pool) giveUpBoth(pending [2]*attempt) (result, bool) {
+	var got result
+	found := false
+	for _, a := range pending {
+		if a == nil {
+			continue
+		}
+		if r, ok := a.c.release(a.cl, false, 0); ok && (!found || answered(r)) {
+			got, found = r, true
+		}
+	}
+	return got, found
+}
+
+// answered reports whether a call's result is the upstream's answer (malformed
+// or not), as opposed to a failure of the attempt.
+func answered(r result) bool { return r.err == nil || errors.Is(r.err, ErrMalformed) }

@@ -1,0 +1,100 @@
+package dot
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// A rescued query whose original answer comes first takes that answer: the
+// first answer wins, and the rescue's late answer is dropped and counted.
+// Here the head of the line is slow enough to get the query behind it rescued,
+// but the upstream is slower still with the rescue (it reads the original only
+// once the head is answered, and then answers it at once).
+func TestRescueFirstAnswerWins(t *testing.T) {
+	const head = 3 * minRescueDelay
+	var headDone atomic.Int64 // unix ns when the head will be answered
+	opts := dottest.Options{InOrder: true, Delay: func(q dns.Question) time.Duration {
+		switch {
+		case q.Name == "head.example.":
+			headDone.Store(time.Now().Add(head).UnixNano())
+			return head
+		case q.Name == "stuck.example." && time.Now().UnixNano() < headDone.Load():
+			return time.Second // the rescue, on another connection, while the head is served
+		}
+		return 0
+	}}
+	bubble(t, opts, 0, func(c *Config) { c.MaxConns = 2 }, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := exchange(p, "head.example.")
+			done <- err
+		}()
+		time.Sleep(time.Millisecond) // the head is written first
+		start := time.Now()
+		r, err := exchange(p, "stuck.example.")
+		took := time.Since(start)
+		if err != nil || r.Question[0].Name != "stuck.example." {
+			t.Fatalf("Stuck query: %v, %v", r, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Head: %v", err)
+		}
+		if took > head {
+			t.Errorf("The stuck query took %v: its original answer (after %v) should have won over the rescue", took, head)
+		}
+		if got := rec.get(func(r *recorder) int { return r.rescues }); got != 1 {
+			t.Errorf("Rescues = %d, want 1", got)
+		}
+		time.Sleep(2 * time.Second) // the rescue's late answer comes in
+		if got := rec.get(func(r *recorder) int { return r.drops[DropRescued] }); got != 1 {
+			t.Errorf("Late answers dropped as rescued = %d, want 1 (the rescue's)", got)
+		}
+	})
+}
+
+// Only a plain QUERY is rescued: an UPDATE stuck behind a slow answer waits
+// for its turn and is sent once.
+func TestRescueOnlyQueries(t *testing.T) {
+	var sent atomic.Int64
+	opts := dottest.Options{InOrder: true,
+		Delay: func(q dns.Question) time.Duration {
+			if q.Name == "head.example." {
+				return 100 * time.Millisecond
+			}
+			return 0
+		},
+		OnQuery: func(wire []byte) {
+			m := new(dns.Msg)
+			if m.Unpack(wire) == nil && m.Opcode == dns.OpcodeUpdate {
+				sent.Add(1)
+			}
+		},
+	}
+	bubble(t, opts, 0, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		go exchange(p, "head.example.")
+		time.Sleep(time.Millisecond)
+		m := newQuery("update.example.", dns.TypeA)
+		m.Opcode = dns.OpcodeUpdate
+		start := time.Now()
+		if _, err := p.Exchange(context.Background(), m); err != nil {
+			t.Fatalf("Update: %v", err)
+		}
+		if took := time.Since(start); took < 90*time.Millisecond {
+			t.Errorf("The update took %v: it cannot have waited behind the head", took)
+		}
+		if n, r := sent.Load(), rec.get(func(r *recorder) int { return r.rescues }); n != 1 || r != 0 {
+			t.Errorf("The update was sent %d times and rescued %d times, want once and never", n, r)
+		}
+	})
+}

@@ -1,0 +1,366 @@
+package dot
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// How the pool sizes itself to its upstream.
+//
+// What a query costs on a busy connection depends on how the upstream serves a
+// connection (its Mode, learned.go). Out of order, or not known to be in order,
+// a query waits for nobody: connections are filled in turn and a few deep ones
+// carry any load, with large batches at both ends. In order, a query waits for
+// every query written before it on its connection, and for a slow one that is
+// long: each query then goes to the oldest connection with nothing outstanding,
+// one connection is kept spare, and the pool opens as many as the load needs
+// (Little's law: arrival rate × answer time), up to a cap far above the
+// out-of-order one. Either way a connection blocked behind a slow answer takes
+// no new query and its stuck queries are rescued (rescue.go); idle connections
+// close at IdleTimeout, so the pool shrinks back when the load does.
+
+// Caps of connections that take new queries when Config.MaxConns is 0 (auto).
+const (
+	AutoMaxConnsOutOfOrder = 4   // out of order or not known: few, full connections
+	AutoMaxConnsInOrder    = 128 // in order: as many as the load needs, up to this
+)
+
+const (
+	// maxParallelDials caps the dials in flight at once. After a failure only one
+	// runs at a time, and the backoff paces them.
+	maxParallelDials = 4
+	// minExtraConns is how many connections that take no new query (draining,
+	// or blocked behind a slow answer) may be open beyond the cap when it is
+	// auto: a server that cuts connections after a few dozen queries while some
+	// of them are slow keeps a score of them draining.
+	minExtraConns = 64
+	// inOrderHeadroom multiplies Little's law: an in-order pool may open twice
+	// the connections that the arrival rate times the answer time calls for
+	// (and more for the bursts of random arrivals, see neededInOrder).
+	inOrderHeadroom = 2
+	// inOrderSpares is how many connections with nothing outstanding an in-order
+	// pool keeps ready, so that a query finds one even while the sweeper has not
+	// yet seen that a busy connection is stuck behind a slow answer.
+	inOrderSpares = 1
+	// inOrderProbeEvery: one query in this many goes behind another on an
+	// in-order upstream, to see whether it still answers in order (probeConn).
+	inOrderProbeEvery = 256
+)
+
+// capConns is the most connections that take new queries, in force now.
+func (p *Pool) capConns() int {
+	switch {
+	case p.cfg.MaxConns > 0:
+		return p.cfg.MaxConns
+	case p.learned.mode.get() == ModeInOrder:
+		return AutoMaxConnsInOrder
+	}
+	return AutoMaxConnsOutOfOrder
+}
+
+// maxOpen is the most connections open at once, those that take no new query
+// (draining, blocked) included.
+func (p *Pool) maxOpen(capConns int) int {
+	if p.cfg.MaxConns > 0 {
+		return 2 * capConns
+	}
+	return capConns + max(capConns, minExtraConns)
+}
+
+// takes reports whether c may take a new query: usable and not blocked behind
+// a slow answer. A rescue goes only to a connection with nothing outstanding,
+// so that it is not stuck in turn.
+func (c *conn) takes(cl *call) bool {
+	return !c.unusable.Load() && !c.blocked() && (cl.avoid == nil || c != cl.avoid && c.load.Load() == 0)
+}
+
+// blocked reports whether the sweeper found c blocked and it has read nothing since.
+func (c *conn) blocked() bool {
+	b := c.blockedAt.Load()
+	return b != 0 && b == c.reads.Load()+1
+}
+
+// pick registers cl on a connection that takes it, as the upstream's mode says
+// (see pickInTurn, pickIdle), and starts a dial when the pool will soon need
+// another connection. It returns nil if no connection had room.
+func (p *Pool) pick(cl *call) *conn {
+	if p.learned.mode.get() == ModeInOrder {
+		return p.pickIdle(cl)
+	}
+	return p.pickInTurn(cl)
+}
+
+// pickInTurn registers cl on the oldest connection with room, and starts a dial
+// when that one is three-quarters full (all older ones being full) or near its
+// end, so that the next connection is ready before it is needed. Filling
+// connections in turn, as HTTP/2 clients do, rather than spreading queries over
+// all of them, keeps the batches of queries and answers large: each costs one
+// syscall, and a TLS record read, at each end, whatever its size.
+func (p *Pool) pickInTurn(cl *call) *conn {
+	slots := int32(p.cfg.MaxInflight) // per connection
+	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
+		var best *conn
+		var load int32
+		counted := 0 // connections that count toward the cap
+		for _, c := range *p.conns.Load() {
+			if p.countsTowardCap(c) {
+				counted++
+			}
+			if !c.takes(cl) {
+				continue
+			}
+			if l := c.load.Load(); best == nil && l < slots {
+				best, load = c, l
+			}
+		}
+		if best == nil {
+			return nil
+		}
+		if best.register(cl) {
+			near := best.nearEnd.Load()
+			if (near || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() < maxParallelDials {
+				p.dialNow()
+			}
+			return best
+		}
+	}
+	return nil
+}
+
+// pickIdle, for an in-order upstream, registers cl on the oldest connection
+// with nothing outstanding, or if there is none on the least loaded one (the
+// one written to last among those), and starts a dial when fewer than
+// inOrderSpares idle ones are left: a query written behind another waits for
+// it, so the pool keeps spares.
+func (p *Pool) pickIdle(cl *call) *conn {
+	for range 3 {
+		var best *conn
+		load, idle := int32(p.cfg.MaxInflight), 0
+		for _, c := range *p.conns.Load() {
+			if !c.takes(cl) {
+				continue
+			}
+			l := c.load.Load()
+			if l == 0 && !c.nearEnd.Load() {
+				if idle++; idle > inOrderSpares {
+					break // the spares are left after this one
+				}
+			}
+			// The least loaded; among busy ones, the one written to last: a
+			// query that has been out long is likelier a slow one.
+			if l < load || best != nil && l == load && l > 0 && c.wroteAt.Load() > best.wroteAt.Load() {
+				best, load = c, l
+			}
+		}
+		if cl.avoid == nil && (p.probeDue.Load() || rand.Uint32()%inOrderProbeEvery == 0) {
+			// A probe is due until one finds a connection to go on.
+			pc := p.probeConn(cl)
+			p.probeDue.Store(pc == nil)
+			best = cmp.Or(pc, best)
+		}
+		if best == nil {
+			return nil
+		}
+		if best.register(cl) {
+			if idle <= inOrderSpares && p.dialing.Load() < maxParallelDials {
+				p.dialNow()
+			}
+			return best
+		}
+	}
+	return nil
+}
+
+// probeConn returns a connection with one query outstanding, written within
+// twice the usual answer time (at least a millisecond), the latest such, or
+// nil. A query put behind it on purpose shows, if its answer overtakes the one
+// before, that the upstream no longer answers in order; if the one before is
+// slow after all, the probe is rescued like any other query.
+func (p *Pool) probeConn(cl *call) *conn {
+	recent := nanotime() - max(2*p.learned.mode.base.Load(), int64(time.Millisecond))
+	var best *conn
+	for _, c := range *p.conns.Load() {
+		if w := c.wroteAt.Load(); c.takes(cl) && c.load.Load() == 1 && w > recent {
+			best, recent = c, w
+		}
+	}
+	return best
+}
+
+// dialNow starts a dial if the pool may (see startDialLocked).
+func (p *Pool) dialNow() {
+	p.mu.Lock()
+	p.startDialLocked()
+	p.mu.Unlock()
+}
+
+// startDialLocked starts a dial if none may be needed less: the pool is open,
+// no closing connection's verdict is pending, the backoff allows it, fewer
+// dials than dialLimit run, the connections that take queries (with those being
+// dialled) are under the cap (and, in order, under what the load needs), and
+// all open ones are under maxOpen. It reports whether it started one.
+func (p *Pool) startDialLocked() bool {
+	// While a connection is closing, whether it failed (and so arms the backoff)
+	// is not known yet: connClosed wakes the waiters when it is.
+	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
+		return false
+	}
+	conns, taking, ending := *p.conns.Load(), 0, 0
+	for _, c := range conns {
+		if p.countsTowardCap(c) {
+			taking++
+		} else if c.nearEnd.Load() && !c.unusable.Load() {
+			ending++
+		}
+	}
+	if p.dials >= p.dialLimitLocked(ending) {
+		return false
+	}
+	capConns := p.capConns()
+	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 {
+		capConns = min(capConns, max(int(p.needed.Load()), 1))
+	}
+	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
+		return false
+	}
+	p.dials++
+	p.dialing.Store(int32(p.dials))
+	p.wg.Add(1)
+	go p.dial()
+	return true
+}
+
+// countsTowardCap reports whether c counts toward the cap of connections that
+// take queries: a connection draining or near its end does not (its successor
+// is dialled before it ends), nor does one blocked behind a slow answer, which
+// takes no query either, unless the mode is unknown and no rescue won lately:
+// then a blocked connection is as likely the upstream pausing, which more
+// connections would not help (unbound's hiccups on a busy machine).
+func (p *Pool) countsTowardCap(c *conn) bool {
+	if c.unusable.Load() || c.nearEnd.Load() {
+		return false
+	}
+	m := &p.learned.mode
+	return !c.blocked() || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
+}
+
+// dialLimitLocked is how many dials may run at once: one after a failure (the
+// backoff paces them); for an in-order upstream maxParallelDials; otherwise one,
+// and one more for each connection near its end (a server that cuts
+// connections after a few dozen queries needs successors faster than one
+// handshake at a time gives them) and for each connection the load is short of.
+func (p *Pool) dialLimitLocked(ending int) int {
+	switch {
+	case p.redial.strikes > 0:
+		return 1
+	case p.learned.mode.get() == ModeInOrder:
+		return maxParallelDials
+	}
+	return min(1+ending+int(p.shortfall.Load()), maxParallelDials)
+}
+
+// sizer is the sweeper's view of the load, for sizing the pool. Sweeper only.
+type sizer struct {
+	at       int64   // unix ns of the last tick
+	total    int64   // frames read by all connections by then
+	reads    []int64 // watch's buffer: each connection's frames read
+	rate     float64 // answers per second, smoothed
+	inflight float64 // queries outstanding (tombstones included), smoothed
+	tokens   float64 // rescue budget (see rescue.go)
+	wanted   int     // the last reported Sized figures
+	open     int
+}
+
+// size runs on every tick, after watch: from the answers read since the last
+// tick it updates the answer rate and the rescue budget, and it works out how
+// many connections the load wants; it dials when the pool is short of them
+// (make before break: a connection near its end does not count) and, if
+// report, tells the observer what changed.
+func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
+	z := &p.sizer
+	// Connections that closed take their reads out of the total: their last
+	// tick's answers are not counted.
+	if dt, n := now-z.at, max(reads-z.total, 0); z.at != 0 && dt > 0 {
+		z.rate += (float64(n)*1e9/float64(dt) - z.rate) / 16
+		z.tokens = min(z.tokens+float64(n)*rescueShare, maxRescueBurst)
+	}
+	z.at, z.total = now, reads
+	open, busy, inflight, all := 0, 0, 0, 0
+	for _, c := range conns {
+		l := int(c.load.Load())
+		all += l
+		if c.unusable.Load() || c.blocked() || c.nearEnd.Load() {
+			continue
+		}
+		open++
+		if l > 0 {
+			busy++
+			inflight += l
+		}
+	}
+	z.inflight += (float64(all) - z.inflight) / 8
+	needed := neededInOrder(max(z.inflight, float64(all)))
+	p.needed.Store(int32(needed))
+	wanted := p.wanted(busy, inflight, needed) + p.successors(busy)
+	p.shortfall.Store(int32(max(wanted-open, 0)))
+	for range min(wanted-open, maxParallelDials) - int(p.dialing.Load()) {
+		p.dialNow()
+	}
+	if report && (wanted != z.wanted || open != z.open) {
+		z.wanted, z.open = wanted, open
+		p.sizeObs.Sized(wanted, open)
+	}
+}
+
+// successors is how many connections, beyond what the load holds, a server
+// that cuts connections at a learned query limit calls for: a connection near
+// its end takes half the limit more queries, and its successors must be ready
+// before that: the answer rate times the dial time, in such halves, and one.
+func (p *Pool) successors(busy int) int {
+	limit := p.learned.limit.get()
+	if limit == 0 || busy == 0 {
+		return 0
+	}
+	dial := time.Duration(p.dialTime.Load())
+	return int(math.Ceil(p.sizer.rate*dial.Seconds()/float64(max(limit/2, 1)))) + 1
+}
+
+// noteDialTime folds a dial's duration into the smoothed dial time.
+func (p *Pool) noteDialTime(d time.Duration) {
+	old := p.dialTime.Load()
+	if old == 0 {
+		p.dialTime.Store(int64(d))
+		return
+	}
+	p.dialTime.Store(old + (int64(d)-old)/8) // concurrent dials may lose a sample: no matter
+}
+
+// neededInOrder is the most connections an in-order upstream needs with
+// inflight queries outstanding on average (Little's law: the arrival rate times
+// the answer time, slow answers included): one per query, with headroom for
+// the bursts of a random arrival, plus spares.
+func neededInOrder(inflight float64) int {
+	n := inOrderHeadroom*inflight + 3*math.Sqrt(inflight) + inOrderSpares
+	return int(math.Ceil(min(n, AutoMaxConnsInOrder)))
+}
+
+// wanted is how many connections taking queries the load wants now: in order,
+// the busy ones and the spares, within what Little's law allows; otherwise
+// enough to hold what is in flight at three-quarters full. None while nothing
+// is in flight.
+func (p *Pool) wanted(busy, inflight, needed int) int {
+	if busy == 0 {
+		return 0
+	}
+	if p.learned.mode.get() == ModeInOrder {
+		n := busy + inOrderSpares
+		if p.cfg.MaxConns == 0 {
+			n = min(n, needed)
+		}
+		return min(n, p.capConns())
+	}
+	perConn := max(p.cfg.MaxInflight*3/4, 1)
+	return min((inflight+perConn-1)/perConn, p.capConns())
+}

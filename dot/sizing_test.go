@@ -1,0 +1,52 @@
+package dot
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// A connection with a known end gets its successor before that end: with
+// MaxAge, no query waits for a handshake when connections are replaced.
+func TestMaxAgeSuccessorDialledBeforeEnd(t *testing.T) {
+	const handshake = 5 * time.Millisecond
+	bubble(t, dottest.Options{}, handshake, func(c *Config) { c.MaxAge = time.Second }, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		out := offer(p, 4000, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return 0 })
+		if got := rec.get(func(r *recorder) int { return r.closes[CloseMaxAge] }); got < 3 {
+			t.Errorf("Connections closed at max age = %d in 4 s, want 3 or more", got)
+		}
+	})
+}
+
+// An upstream that answers in order, fast, but now and then pauses altogether
+// (unbound on a busy machine): a connection that waits through a pause is not
+// taken for one stuck behind a slow query, whose rescue would be answered at
+// once; the pool stays at a few connections and learns no mode from it.
+func TestPausingUpstreamKeepsFewConnections(t *testing.T) {
+	pause := func(dns.Question) time.Duration {
+		if at := time.Duration(time.Now().UnixNano()) % (100 * time.Millisecond); at >= 50*time.Millisecond && at < 80*time.Millisecond {
+			return 80*time.Millisecond - at // held until the pause ends
+		}
+		return 0
+	}
+	bubble(t, dottest.Options{InOrder: true, Delay: pause}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		sm := sample(p)
+		out := offer(p, 3000, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return 40 * time.Millisecond })
+		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open, want at most %d", c, AutoMaxConnsOutOfOrder)
+		}
+		if m := p.Stats().Mode; m == ModeInOrder {
+			t.Errorf("Mode = %v: pauses are no evidence of it", m)
+		}
+		t.Logf("%d rescues, %d handshakes", rec.get(func(r *recorder) int { return r.rescues }), s.Handshakes())
+	})
+}
