@@ -11,18 +11,15 @@ import (
 	"github.com/miekg/dns"
 )
 
-// slowDelay is how long the slow upstream holds every answer.
-const slowDelay = 300 * time.Millisecond
-
 // slowUpstream is CoreDNS's tls:// server answering every query through the
 // erratic plugin (A 192.0.2.53, the question's name as the owner, in the case
-// asked), each answer held back slowDelay.
+// asked), each answer held back for a fixed delay.
 type slowUpstream struct {
 	addr, metrics string
 	p             *proc
 }
 
-func startSlowUpstream(t *testing.T, c *certs) *slowUpstream {
+func startSlowUpstream(t *testing.T, c *certs, delay time.Duration) *slowUpstream {
 	t.Helper()
 	port, mport := freePort(t), freePort(t)
 	conf := writeFile(t, t.TempDir(), "Corefile", fmt.Sprintf(`tls://.:%d {
@@ -33,7 +30,7 @@ func startSlowUpstream(t *testing.T, c *certs) *slowUpstream {
         delay 1 %s
     }
 }
-`, port, c.Cert, c.Key, mport, slowDelay))
+`, port, c.Cert, c.Key, mport, delay))
 	u := &slowUpstream{addr: addr(port), metrics: addr(mport)}
 	u.p = startProc(t, "coredns-slow-upstream", nil, corednsBinary(t), "-conf", conf)
 	waitFor(t, "the slow upstream on "+u.addr, startTimeout, u.p, func() error {
@@ -57,7 +54,7 @@ func (u *slowUpstream) queries(t *testing.T) int {
 // slow upstream once per flight, not once each, and every one is answered.
 func TestCoalesceInFlight(t *testing.T) {
 	c := newCerts(t)
-	up := startSlowUpstream(t, c)
+	up := startSlowUpstream(t, c, 300*time.Millisecond)
 	f := startFront(t, c, frontOpts{Upstreams: []string{up.addr}, Prometheus: true, Failing: true})
 	before := up.queries(t)
 
@@ -101,7 +98,9 @@ func TestCoalesceInFlight(t *testing.T) {
 // two that differ only in the DO bit never are.
 func TestCoalesceDigPairs(t *testing.T) {
 	c := newCerts(t)
-	up := startSlowUpstream(t, c)
+	// A second to spare: the second dig starts once the first one's query is in
+	// flight, and must get there before its answer, however slow a process start.
+	up := startSlowUpstream(t, c, time.Second)
 	f := startFront(t, c, frontOpts{Upstreams: []string{up.addr}, Prometheus: true, Failing: true})
 	dig := tool(t, "dig")
 	host, port, _ := strings.Cut(f.addr, ":")
@@ -130,6 +129,14 @@ func TestCoalesceDigPairs(t *testing.T) {
 					defer wg.Done()
 					outs[i], errs[i] = run(t, clientTimeout, dig, append(append([]string{}, base...), args...)...)
 				}()
+				if i == 0 {
+					waitFor(t, "the first query in flight", startTimeout, f.p, func() error {
+						if n, _ := metricSum(scrape(t, f.metrics), "coredns_dotforward_inflight"); n < 1 {
+							return fmt.Errorf("%v queries in flight", n)
+						}
+						return nil
+					})
+				}
 			}
 			wg.Wait()
 			for i, args := range [][]string{p.a, p.b} {
