@@ -104,11 +104,12 @@ func TestServeDNSNoCoalesce(t *testing.T) {
 	f := newForward(t, cert, "no_coalesce", s.Addr)
 	const n = 16
 	out := serveAll(f, "www.coalesce.example.org.", n)
-	waitFor(t, fmt.Sprintf("%d queries at the upstream", n), func() bool { return s.Queries() == n })
+	// At least n: the pool may also rescue a few, held behind the first ones.
+	waitFor(t, fmt.Sprintf("%d queries at the upstream", n), func() bool { return s.Queries() >= n })
 	release()
 	checkServed(t, out, n)
-	if got := s.Queries(); got != n {
-		t.Errorf("Expected %d upstream queries, got %d", n, got)
+	if got := metricValue(t, coalescedTotal.WithLabelValues(s.Addr)); got != 0 {
+		t.Errorf("Expected no query coalesced, coalesced_total is %v", got)
 	}
 }
 
