@@ -33,6 +33,7 @@ type Pool struct {
 	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
 	sizer      sizer                   // the sweeper's
 	respChans  *sync.Pool              // see newRespChans
+	bufs       sync.Pool               // connections' buffers (connBufs)
 	idleTicks  atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	probeDue   atomic.Bool             // in order: the next query that can is a probe (see probeConn)
 	kick       chan struct{}           // cap 1: wakes the sweeper
@@ -68,6 +69,7 @@ func New(cfg Config) (*Pool, error) {
 	p := &Pool{cfg: cfg, tls: clientTLS(cfg), obs: cfg.Observer, wake: make(chan struct{})}
 	p.sizeObs = sizeObserver(cfg.Observer)
 	p.respChans = newRespChans()
+	p.bufs.New = newConnBufs
 	p.kick = make(chan struct{}, 1)
 	p.idleTicks.Store(true)
 	p.sizer.tokens = maxRescueBurst

@@ -11,6 +11,7 @@ import (
 // closed; then it closes the socket.
 func (c *conn) readLoop() {
 	defer c.pool.wg.Done()
+	defer c.loopDone()
 	defer c.closeSocket()
 	c.readFailed(c.readFrames(c.br))
 }

@@ -10,20 +10,22 @@ import (
 
 // Rescues.
 //
-// A connection is blocked when it has read nothing for rescueDelay and a query
-// written on it has waited that long with an older one still outstanding: an
-// in-order upstream serves it only after the older one, which is slow (or the
-// connection is dying). A blocked connection takes no new query
-// until it reads again, and the queries stuck on it are rescued: each caller is
-// told (a notice on its call's resp, errRescued) and sends its query once more,
-// on another connection (dialled if need be). The call stays live where it was,
-// and the first answer of the two wins; the other attempt is given up, and its
-// late answer dropped and counted (DropRescued). Only an unanswered plain
-// QUERY on its first attempt is rescued, and a query is never sent more than
-// twice (a rescued query is not replayed, nor rescued again).
+// A connection is blocked when it has read nothing for the rescue delay and a
+// query written on it has waited that long with an older one still
+// outstanding: an in-order upstream serves it only after the older one, which
+// is slow (or the connection is dying). A blocked connection takes no new
+// query until it reads again, and the queries stuck on it are rescued: each
+// caller is told (a notice on its call's resp, errRescued) and sends its query
+// once more, on another connection with nothing outstanding (dialled if need
+// be). The call stays live where it was, and the first answer of the two wins;
+// the other attempt is given up, and its late answer dropped and counted
+// (DropRescued). Only a plain QUERY not yet sent twice is rescued, and a query
+// is never sent more than twice (a rescued query is not replayed, nor rescued
+// again). Queries not yet written move to another connection at no cost.
 //
-// What rescues cost is bounded: they are at most rescueShare of the answers
-// (with a burst of maxRescueBurst). A rescue that wins by a rescue delay or
+// What rescues cost is bounded: a budget of rescueShare of the answers (with a
+// burst of maxRescueBurst), of which a rescue takes more while the mode is not
+// known to be in order (rescueCost). A rescue that wins by a rescue delay or
 // more is evidence that the upstream serves a connection's queries in order
 // (see judgeLocked).
 
@@ -83,7 +85,7 @@ type blockWatch struct {
 }
 
 // watch runs on every tick. It finds blocked connections and rescues the calls
-// stuck on them (see conn.rescue), and reports whether any connection has
+// stuck on them (see rescueStuck), and reports whether any connection has
 // calls outstanding and how many frames all have read. late is how much later
 // than due the tick came: the time this process did not run is not counted as
 // time a connection read nothing.
@@ -102,19 +104,19 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 	delay := p.rescueDelay()
 	for _, c := range conns {
 		if c.load.Load() >= 2 && now-c.watch.since >= delay {
-			c.rescue(now, delay, cost, &p.sizer.tokens)
+			c.rescueStuck(now, delay, cost, &p.sizer.tokens)
 		}
 	}
 	return busy, total
 }
 
-// rescue is called on a connection that has read nothing for delay. It marks c
+// rescueStuck is called on a connection that has read nothing for delay. It marks c
 // blocked if a written call has waited delay behind an older one still
 // outstanding. Then such calls that may be rescued get a rescue notice, oldest
 // first, as far as tokens allow, and the calls not yet written move to another
 // connection at no cost (errUnsent), rather than go out behind the slow one,
 // if the pool may have another.
-func (c *conn) rescue(now, delay int64, cost float64, tokens *float64) {
+func (c *conn) rescueStuck(now, delay int64, cost float64, tokens *float64) {
 	c.mu.Lock()
 	stuck := c.stuckLocked(now, delay)
 	if len(stuck) == 0 || c.state == stateClosed {

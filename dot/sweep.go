@@ -9,8 +9,9 @@ import (
 // deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge (and
 // calls for a successor shortly before) and judges what the connection's state
 // calls for (sweepVerdictLocked); outside the lock it completes the timed-out
-// calls and closes the connection if it must.
-func (c *conn) sweep(now int64) {
+// calls and closes the connection if it must. idle, if not 0 and shorter than
+// the connection's idle timeout, replaces it (see sweepAll).
+func (c *conn) sweep(now int64, idle time.Duration) {
 	c.mu.Lock()
 	if c.state == stateClosed {
 		c.mu.Unlock()
@@ -26,7 +27,7 @@ func (c *conn) sweep(now int64) {
 			c.setDrainingLocked(CloseMaxAge)
 		}
 	}
-	v := c.sweepVerdictLocked(now, oldest, next)
+	v := c.sweepVerdictLocked(now, oldest, next, idle)
 	c.mu.Unlock()
 
 	for _, cl := range expired {
@@ -80,7 +81,10 @@ type sweepVerdict struct {
 
 // sweepVerdictLocked checks, in order of precedence, for a stall, a drain that
 // stopped answering, a finished drain and idleness. c.mu must be held.
-func (c *conn) sweepVerdictLocked(now int64, oldest, next *call) sweepVerdict {
+func (c *conn) sweepVerdictLocked(now int64, oldest, next *call, idle time.Duration) sweepVerdict {
+	if idle == 0 || idle > c.idle {
+		idle = c.idle
+	}
 	stuck := c.drainStuckLocked(now, oldest)
 	switch {
 	case c.stalledLocked(now, oldest, next):
@@ -89,7 +93,7 @@ func (c *conn) sweepVerdictLocked(now int64, oldest, next *call) sweepVerdict {
 		return sweepVerdict{errDrainStuck, c.drainFor}
 	case c.drainedLocked() >= 0:
 		return sweepVerdict{errDrained, c.drainFor}
-	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(c.idle):
+	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(idle):
 		return sweepVerdict{errIdle, CloseIdle}
 	}
 	return sweepVerdict{reason: -1}
@@ -199,12 +203,33 @@ func (p *Pool) kickSweeper() {
 // minWatchInterval is the fastest the sweeper ticks, while queries are outstanding.
 const minWatchInterval = minRescueDelay / 4
 
-// sweepAll sweeps every connection (see conn.sweep).
+// sweepAll sweeps every connection (see conn.sweep). For an in-order upstream,
+// whose load takes a connection per query in flight, the connections idle
+// beyond the spare ones (and one more) close after inOrderIdle already, the
+// newest first (the oldest idle one is taken first): the pool keeps what the
+// last second's load needed, not the busiest moment of the last IdleTimeout.
 func (p *Pool) sweepAll(now int64, conns []*conn) {
-	for _, c := range conns {
-		c.sweep(now)
+	surplus := 0
+	if p.learned.mode.get() == ModeInOrder {
+		for _, c := range conns {
+			if c.load.Load() == 0 && !c.unusable.Load() {
+				surplus++
+			}
+		}
+		surplus -= inOrderSpares + 1
+	}
+	for i := len(conns) - 1; i >= 0; i-- {
+		var idle time.Duration
+		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && !c.unusable.Load() {
+			idle, surplus = inOrderIdle, surplus-1
+		}
+		conns[i].sweep(now, idle)
 	}
 }
+
+// inOrderIdle is how long a surplus connection to an in-order upstream may
+// stay idle (see sweepAll).
+const inOrderIdle = time.Second
 
 // learn collects what the connections' answers said of the upstream (see
 // answerLog) and the rescues that won, and updates the mode and the usual
