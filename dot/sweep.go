@@ -204,19 +204,20 @@ func (p *Pool) kickSweeper() {
 const minWatchInterval = minRescueDelay / 4
 
 // sweepAll sweeps every connection (see conn.sweep). For an in-order upstream,
-// whose load takes a connection per query in flight, the connections idle
-// beyond the spare ones (and one more) close after inOrderIdle already, the
-// newest first (the oldest idle one is taken first): the pool keeps what the
-// last second's load needed, not the busiest moment of the last IdleTimeout.
+// whose load takes a connection per query in flight, the idle connections
+// beyond what the last few seconds' load needed (keepInOrder) close after
+// inOrderIdle already, the newest first (the oldest idle one is taken first):
+// the pool keeps what its recent load needed, not its busiest moment since
+// IdleTimeout.
 func (p *Pool) sweepAll(now int64, conns []*conn) {
 	surplus := 0
 	if p.learned.mode.get() == ModeInOrder {
 		for _, c := range conns {
-			if c.load.Load() == 0 && !c.unusable.Load() {
+			if !c.unusable.Load() {
 				surplus++
 			}
 		}
-		surplus -= inOrderSpares + 1
+		surplus -= p.sizer.keepInOrder()
 	}
 	for i := len(conns) - 1; i >= 0; i-- {
 		var idle time.Duration
