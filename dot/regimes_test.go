@@ -370,6 +370,7 @@ func TestRegimeSwitchingUpstream(t *testing.T) {
 		mode("in order", ModeInOrder)
 		s.SetInOrder(false)
 		load("c", false)
+		load("c2", false) // probes are random: give them time
 		mode("once out of order", ModeOutOfOrder)
 		// The connections the in-order spell opened close as they go idle.
 		time.Sleep(2 * DefaultIdleTimeout)

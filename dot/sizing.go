@@ -238,15 +238,16 @@ func (p *Pool) startDialLocked() bool {
 // countsTowardCap reports whether c counts toward the cap of connections that
 // take queries: a connection draining or near its end does not (its successor
 // is dialled before it ends), nor does one blocked behind a slow answer, which
-// takes no query either, unless the mode is unknown and no rescue won lately:
-// then a blocked connection is as likely the upstream pausing, which more
-// connections would not help (unbound's hiccups on a busy machine).
+// takes no query either, unless the cap is a number (MaxConns: the operator's
+// bound), or the mode is unknown and no rescue won lately: then a blocked
+// connection is as likely the upstream pausing, which more connections would
+// not help (unbound's hiccups on a busy machine).
 func (p *Pool) countsTowardCap(c *conn) bool {
 	if c.unusable.Load() || c.nearEnd.Load() {
 		return false
 	}
 	m := &p.learned.mode
-	return !c.blocked() || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
+	return !c.blocked() || p.cfg.MaxConns > 0 || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
 }
 
 // dialLimitLocked is how many dials may run at once: one after a failure (the
