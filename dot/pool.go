@@ -28,7 +28,7 @@ type Pool struct {
 	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 	needed     atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
 	shortfall  atomic.Int32            // from the sweeper: connections wanted and not open
-	rescuesWon atomic.Int32            // rescues that won by a rescue delay or more, since the last learn (judgeLocked)
+	rescuesWon atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	dialTime   atomic.Int64            // ns: how long a dial takes, smoothed
 	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
 	sizer      sizer                   // the sweeper's

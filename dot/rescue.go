@@ -27,7 +27,7 @@ import (
 // burst of maxRescueBurst), of which a rescue takes more while the mode is not
 // known to be in order (rescueCost). A rescue that wins by a rescue delay or
 // more is evidence that the upstream serves a connection's queries in order
-// (see judgeLocked).
+// (see conn.judgeLocked).
 
 const (
 	// minRescueDelay is the least a query waits, with nothing read, before it
@@ -40,6 +40,11 @@ const (
 	// rescues at once.
 	rescueShare    = 0.25
 	maxRescueBurst = 64
+	// judgeFactor and minJudgeLate: a rescue wins by far when its original
+	// comes this many mean answer times after it, and this long at least
+	// (see conn.judgeLocked).
+	judgeFactor  = 4
+	minJudgeLate = 50 * time.Millisecond
 )
 
 // rescueCost is what a rescue costs of the budget in each mode. In order, one:
@@ -51,16 +56,25 @@ const (
 // changed.
 var rescueCost = [modeCount]float64{ModeUnknown: 4, ModeOutOfOrder: 10, ModeInOrder: 1}
 
-// judgeLocked judges the original of a rescue that won (at cl.wonAt), when its
-// late answer comes or when the sweeper finds it still unanswered: if that is a
-// rescue delay or more after the rescue's answer, the original was stuck
-// behind another query (not slow itself, and the upstream did not just pause:
-// then both come at once), which is evidence that the upstream serves a
-// connection's queries in order. Each is judged once. A record trial's query is
-// not: it may have been stuck because the upstream did not read it (see
-// records.go). The connection's mu must be held.
-func (p *Pool) judgeLocked(cl *call, now int64) {
-	if cl.wonAt != 0 && now-cl.wonAt >= p.rescueDelay() {
+// judgeLocked judges the original of a rescue that won (at cl.wonAt), on its
+// connection c, when its late answer comes or when the sweeper finds it still
+// unanswered: if that is well after the rescue's answer, the original was
+// stuck behind another query, which is evidence that the upstream serves a
+// connection's queries in order. Well after: minJudgeLate, a rescue delay and
+// four mean answer times. The original was not slow itself (the rescue was
+// not), the upstream did not just pause (then both come at once), and it was
+// not merely queued at a busy upstream that serves its connections in turn, a
+// fresh one (the rescue's) first: such an upstream (unbound at full load) lets
+// a connection wait a few tens of milliseconds at most. Each is judged once. A
+// record trial's query is not: it may have been stuck because the upstream did
+// not read it (see records.go). c.mu must be held.
+func (c *conn) judgeLocked(cl *call, now int64) {
+	p := c.pool
+	if cl.wonAt == 0 {
+		return
+	}
+	late := max(int64(minJudgeLate), p.rescueDelay(), judgeFactor*p.learned.mode.mean.Load())
+	if now-cl.wonAt >= late {
 		if !cl.trial {
 			p.rescuesWon.Add(1)
 		}
@@ -103,7 +117,10 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 	cost := rescueCost[p.learned.mode.get()]
 	delay := p.rescueDelay()
 	for _, c := range conns {
-		if c.load.Load() >= 2 && now-c.watch.since >= delay {
+		// A connection whose answers wait unread in its socket is not stuck
+		// behind a slow one: its reader is behind, and rescues would only
+		// make this process busier.
+		if c.load.Load() >= 2 && now-c.watch.since >= delay && !c.bc.unread() {
 			c.rescueStuck(now, delay, cost, &p.sizer.tokens)
 		}
 	}
@@ -162,7 +179,7 @@ func (c *conn) stuckLocked(now, delay int64) []*call {
 	var stuck []*call
 	for _, cl := range c.calls {
 		if cl.tombUntil != 0 {
-			c.pool.judgeLocked(cl, now)
+			c.judgeLocked(cl, now)
 		} else if cl.state.Load() == callSent && cl.seq != head && now-cl.sentAt.Load() >= delay {
 			stuck = append(stuck, cl)
 		}

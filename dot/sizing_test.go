@@ -70,3 +70,26 @@ func TestInOrderPoolShrinksWithLoad(t *testing.T) {
 		}
 	})
 }
+
+// An upstream whose answers on a connection stop now and then for a few tens of
+// milliseconds while it serves its other connections (as unbound at full load
+// does, serving a fresh connection, a rescue's, before the queries queued on
+// the others; here, one query in 200 takes 30 ms) is not taken for in-order: a
+// rescue that wins by less than minJudgeLate is no evidence, and the pool
+// keeps its few connections.
+func TestShortStallsAreNoEvidence(t *testing.T) {
+	stall := everyNth(200, 30*time.Millisecond)
+	bubble(t, dottest.Options{InOrder: true, Delay: stall}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		sm := sample(p)
+		out := offer(p, 8000, 250*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return time.Second }) // failures only
+		if m := p.Stats().Mode; m == ModeInOrder {
+			t.Errorf("Mode = %v after stalls of 30 ms", m)
+		}
+		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open, want at most %d", c, AutoMaxConnsOutOfOrder)
+		}
+		t.Logf("%d rescues, %d handshakes", rec.get(func(r *recorder) int { return r.rescues }), s.Handshakes())
+	})
+}

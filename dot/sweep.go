@@ -43,12 +43,12 @@ func (c *conn) sweep(now int64, idle time.Duration) {
 }
 
 // collect returns and clears what c's answers said of the upstream since the
-// last collect (see answerLog); answer times above ceiling (if not 0) count as
-// ceiling from now on.
-func (c *conn) collect(ceiling int64) (e evidence, aloneSum int64, aloneN int) {
+// last collect (see answerLog); from now on answer times count at most alone
+// for queries alone on the connection, mean for the mean.
+func (c *conn) collect(alone, mean int64) answerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.answers.aloneCeiling = ceiling
+	c.answers.aloneCeiling, c.answers.meanCeiling = alone, mean
 	return c.answers.collect()
 }
 
@@ -233,23 +233,18 @@ func (p *Pool) sweepAll(now int64, conns []*conn) {
 const inOrderIdle = time.Second
 
 // learn collects what the connections' answers said of the upstream (see
-// answerLog) and the rescues that won, and updates the mode and the usual
-// answer time; it reports a change of mode.
+// answerLog) and the rescues that won, and updates the mode and the answer
+// times; it reports a change of mode.
 func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
-	var e evidence
-	var sum int64
-	var n int
+	var st answerStats
+	ms := int64(time.Millisecond)
 	for _, c := range conns {
-		ce, cs, cn := c.collect(2 * m.base.Load())
-		e.inversions += ce.inversions
-		e.busy += ce.busy
-		e.busySlow += ce.busySlow
-		sum, n = sum+cs, n+cn
+		st.add(c.collect(2*m.base.Load()+ms, 2*m.mean.Load()+ms))
 	}
-	e.rescued = float64(p.rescuesWon.Swap(0))
-	m.learnBase(sum, n)
-	if mode, changed := m.update(e, now); changed {
+	st.rescued = float64(p.rescuesWon.Swap(0))
+	m.learnTimes(st)
+	if mode, changed := m.update(st.evidence, now); changed {
 		perConn := p.cfg.MaxInflight
 		if mode == ModeInOrder {
 			perConn = 1
