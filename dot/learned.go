@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -162,7 +163,7 @@ func (m Mode) String() string {
 type answerLog struct {
 	lastSeq      uint32 // the latest-written call answered so far (write order, from 1)
 	lastAt       int64  // unix ns of the previous answer
-	aloneCeiling int64  // alone samples above this (if set; twice the usual time and a millisecond) are cut to it: one slow answer does not make the upstream slow
+	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
 
 	answerStats // since the sweeper last collected them
@@ -197,7 +198,11 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 		return // never written: cannot be an answer
 	}
 	if sentAt != 0 && delivered {
-		l.sum += min(now-sentAt, l.meanCeiling)
+		t := now - sentAt
+		if l.meanCeiling > 0 {
+			t = min(t, l.meanCeiling)
+		}
+		l.sum += t
 		l.n++
 	}
 	switch {
@@ -298,7 +303,7 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 	case e.inversions > 0:
 		next = ModeOutOfOrder
 		m.until = now + int64(learnedTTL)
-	case old == ModeInOrder && base > 4*m.inBase && base > m.inBase+int64(2*time.Millisecond):
+	case old == ModeInOrder && m.inBase > 0 && base > 4*m.inBase && base > m.inBase+int64(2*time.Millisecond):
 		next, m.barred = ModeUnknown, now+int64(learnedTTL/10)
 		a.rescued, a.busy, a.busySlow = 0, 0, 0
 	case (a.rescued >= minRescueEvidence || slowGaps) && now-m.inverted >= int64(outOfOrderQuiet) && now >= m.barred:
@@ -306,8 +311,8 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 		if e.rescued > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)
 		}
-		if old != ModeInOrder {
-			m.inBase = base
+		if old != ModeInOrder || m.inBase == 0 {
+			m.inBase = base // 0 until a query alone on its connection was answered
 		}
 	case now > m.until:
 		next = ModeUnknown
@@ -335,8 +340,17 @@ func ewma(v *atomic.Int64, sum int64, n int) {
 	}
 	sample, old := sum/int64(n), v.Load()
 	if old == 0 {
-		v.Store(sample)
+		v.Store(max(sample, 1)) // 1 ns at least: 0 is "no sample yet"
 		return
 	}
 	v.Store(old + (sample-old)/8)
+}
+
+// ceiling is what an answer time counts at most toward the average v: twice
+// the average and a millisecond, none before the first sample.
+func ceiling(v *atomic.Int64) int64 {
+	if a := v.Load(); a != 0 {
+		return 2*a + int64(time.Millisecond)
+	}
+	return math.MaxInt64
 }

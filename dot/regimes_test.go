@@ -149,6 +149,10 @@ func TestRegimeInOrder(t *testing.T) {
 	const service = 5 * time.Millisecond
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// A burst first (as dnsperf starts): the mode is learnt before any
+		// query was answered alone on its connection.
+		burst := offer(p, 100, 0, func(i int) string { return fmt.Sprintf("b%d.example.", i) })
+		checkOutcomes(t, burst, func(string) time.Duration { return time.Second })
 		warm := offer(p, 200, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("w%d.example.", i) })
 		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
 		if m := p.Stats().Mode; m != ModeInOrder {

@@ -238,9 +238,8 @@ const inOrderIdle = time.Second
 func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
-	ms := int64(time.Millisecond)
 	for _, c := range conns {
-		st.add(c.collect(2*m.base.Load()+ms, 2*m.mean.Load()+ms))
+		st.add(c.collect(ceiling(&m.base), ceiling(&m.mean)))
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)
