@@ -74,3 +74,15 @@ func (b *batchConn) flush() error {
 	b.buf = b.buf[:0]
 	return b.err
 }
+
+// unread reports whether the socket holds bytes nobody has read yet: then a
+// connection that read nothing for a while is not waiting for its server, its
+// reader is behind (this process is short of CPU).
+func (b *batchConn) unread() bool {
+	if b.rc == nil {
+		return false
+	}
+	n := 0
+	b.rc.Control(func(fd uintptr) { n = unreadBytes(fd) })
+	return n > 0
+}

@@ -21,6 +21,8 @@ type conn struct {
 	br     *bufio.Reader // reader goroutine only
 	bc     *batchConn    // under tc: gathers the records of one batch into one write
 	wbuf   []byte        // writer goroutine only: frames of the batch being written
+	bufs   *connBufs     // the buffers above, given back by loopDone
+	exited atomic.Int32  // of the two goroutines (see loopDone)
 	trialc chan *call    // cap 2: the reader reports answers to record trial queries to the writer
 	writeq chan *call    // cap MaxInflight; sends never block (see register)
 	done   chan struct{} // closed when the connection is closed
@@ -58,21 +60,53 @@ type conn struct {
 
 func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 	now := nanotime()
+	bufs := p.bufs.Get().(*connBufs)
+	bufs.br.Reset(tc)
+	bc.buf = bufs.bbuf[:0] // not yet shared: the handshake wrote outside a batch
 	c := &conn{
 		pool:       p,
 		tc:         tc,
-		br:         bufio.NewReaderSize(tc, 16<<10),
+		br:         bufs.br,
 		bc:         bc,
+		wbuf:       bufs.wbuf[:0],
+		bufs:       bufs,
 		writeq:     make(chan *call, p.cfg.MaxInflight),
 		trialc:     make(chan *call, 2),
 		done:       make(chan struct{}),
 		born:       now,
-		calls:      make(map[uint16]*call, p.cfg.MaxInflight),
+		calls:      make(map[uint16]*call, min(p.cfg.MaxInflight, 16)),
 		idle:       p.cfg.IdleTimeout,
 		queryLimit: int(p.learned.limit.get()),
 	}
 	c.lastUsed.Store(now)
 	return c
+}
+
+// connBufs are a connection's buffers. They go from one connection to the next
+// through the pool's bufs: against a server that cuts connections every few
+// dozen queries, allocating them anew for each was a tenth of all allocation.
+type connBufs struct {
+	br    *bufio.Reader
+	wbuf  []byte  // conn.wbuf
+	bbuf  []byte  // batchConn.buf
+	batch []*call // the writer's batch
+}
+
+func newConnBufs() any { return &connBufs{br: bufio.NewReaderSize(nil, 16<<10)} }
+
+// loopDone is called by each of the connection's two goroutines as it exits;
+// the last one gives the buffers back, which nothing uses any more.
+func (c *conn) loopDone() {
+	if c.exited.Add(1) < 2 {
+		return
+	}
+	b := c.bufs
+	b.br.Reset(nil)
+	b.wbuf = c.wbuf[:0]
+	c.bc.mu.Lock()
+	b.bbuf, c.bc.buf = c.bc.buf[:0], nil
+	c.bc.mu.Unlock()
+	c.pool.bufs.Put(b)
 }
 
 // register reserves a slot and an ID for cl and queues it for writing. It fails if

@@ -51,9 +51,10 @@
 //   - record verdict: whether the upstream reads every query of a TLS record
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order
-//     (an answer overtook a query written before it), in order (queries stuck
-//     behind a slow answer were answered at once elsewhere, or answers queued
-//     behind each other come a millisecond or more apart), or unknown.
+//     (an answer overtook a query written before it), in order (rescues won by
+//     far: the stuck query's first copy came 50 ms or more after the rescue's
+//     answer; or answers queued behind each other come a millisecond or more
+//     apart), or unknown.
 //   - usual answer time: of a query written on a connection with nothing
 //     outstanding, averaged; it scales the rescue delay.
 //   - blocked: a connection that has read nothing for the rescue delay while a

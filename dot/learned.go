@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -160,13 +161,21 @@ func (m Mode) String() string {
 // falls in the connection's write order, and how long it took. The reader notes
 // every answer (note, under conn.mu); the sweeper collects the counts.
 type answerLog struct {
-	lastSeq uint32 // the latest-written call answered so far (write order, from 1)
-	lastAt  int64  // unix ns of the previous answer
+	lastSeq      uint32 // the latest-written call answered so far (write order, from 1)
+	lastAt       int64  // unix ns of the previous answer
+	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
+	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
 
-	evidence           // since the sweeper last collected it
-	aloneSum     int64 // answer times (ns) of calls written with nothing outstanding before them
-	aloneN       int
-	aloneCeiling int64 // samples above this (if set) are cut to it: one slow answer does not make the upstream slow
+	answerStats // since the sweeper last collected them
+}
+
+// answerStats are what answers showed since they were last collected.
+type answerStats struct {
+	evidence
+	aloneSum int64 // answer times (ns) of calls written with nothing outstanding before them
+	aloneN   int
+	sum      int64 // answer times (ns) of every answer delivered, cut at meanCeiling
+	n        int
 }
 
 // evidence counts what answers showed of how the upstream serves a connection.
@@ -182,11 +191,21 @@ type evidence struct {
 const serialGap = time.Millisecond
 
 // note records the answer to the call written seq-th on the connection, sent at
-// sentAt (0 if unknown), arriving at now.
-func (l *answerLog) note(seq uint32, sentAt, now int64) {
-	switch {
-	case seq == 0:
+// sentAt (0 if unknown), arriving at now; delivered if its caller was still
+// waiting (not a late answer).
+func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
+	if seq == 0 {
 		return // never written: cannot be an answer
+	}
+	if sentAt != 0 && delivered {
+		t := now - sentAt
+		if l.meanCeiling > 0 {
+			t = min(t, l.meanCeiling)
+		}
+		l.sum += t
+		l.n++
+	}
+	switch {
 	case seq < l.lastSeq:
 		l.inversions++
 		return // the in-order bookkeeping below stays with the latest answer
@@ -206,11 +225,22 @@ func (l *answerLog) note(seq uint32, sentAt, now int64) {
 	l.lastSeq, l.lastAt = seq, now
 }
 
-// collect returns and clears the counts noted since the last collect.
-func (l *answerLog) collect() (e evidence, aloneSum int64, aloneN int) {
-	e, aloneSum, aloneN = l.evidence, l.aloneSum, l.aloneN
-	l.evidence, l.aloneSum, l.aloneN = evidence{}, 0, 0
-	return e, aloneSum, aloneN
+// collect returns and clears what was noted since the last collect.
+func (l *answerLog) collect() answerStats {
+	st := l.answerStats
+	l.answerStats = answerStats{}
+	return st
+}
+
+// add adds o's counts to st's.
+func (st *answerStats) add(o answerStats) {
+	st.inversions += o.inversions
+	st.busy += o.busy
+	st.busySlow += o.busySlow
+	st.aloneSum += o.aloneSum
+	st.aloneN += o.aloneN
+	st.sum += o.sum
+	st.n += o.n
 }
 
 // serveMode is the learned Mode and the evidence behind it. The sweeper owns
@@ -218,11 +248,14 @@ func (l *answerLog) collect() (e evidence, aloneSum int64, aloneN int) {
 type serveMode struct {
 	mode   atomic.Int32 // a Mode
 	base   atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
+	mean   atomic.Int64 // ns: the mean answer time of all queries, smoothed
 	rescue atomic.Bool  // rescues won lately: a hint of in-order before the evidence suffices
 
 	until    int64    // unix ns until which mode holds without new evidence
 	inverted int64    // unix ns of the last answer out of order seen
 	acc      evidence // decayed: each update keeps 7/8 of it (inversions unused)
+	inBase   int64    // ns: base when the mode last became in-order
+	barred   int64    // unix ns until which no evidence makes the upstream in-order (see update)
 }
 
 // Thresholds of the mode decision (see serveMode.update).
@@ -240,12 +273,21 @@ func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
 
 // update folds what the answers showed since the last update into the mode:
 // an answer out of order makes the upstream out-of-order at once (an in-order
-// server never does that). With none for outOfOrderQuiet, rescues that were
-// answered sooner than the query they rescued had waited (it was stuck behind
-// another, not slow itself), or answers that keep coming a full serialGap apart
-// (minSlowEvidence of them, slowShare of those queued behind another), make it
-// in-order. A mode holds learnedTTL past its last evidence, then is unknown
-// again. It reports the mode and whether it changed.
+// server never does that). With none for outOfOrderQuiet, rescues that won by
+// far (see conn.judgeLocked), or, from another mode, answers that keep coming a
+// full serialGap apart (minSlowEvidence of them, slowShare of those queued
+// behind another), make it in-order. (Once in order, the pool spreads queries
+// over as many connections as they need, and a busy upstream then answers each
+// connection that slowly whatever it is: that is no evidence any more.) A mode
+// holds learnedTTL past its last evidence, then is unknown again.
+//
+// In order, a query has a connection to itself and is answered in about the
+// usual time: if that time grows fourfold (and by 2 ms) since the mode was
+// learned, the upstream is rather a busy one that answers out of order but was
+// taken for in-order (its queries waiting for its CPU, not for each other), and
+// more connections only make it busier. The mode is unknown again and no
+// evidence makes it in-order for learnedTTL/10. It reports the mode and whether
+// it changed.
 func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 	a := &m.acc
 	a.rescued = a.rescued*7/8 + e.rescued
@@ -255,15 +297,22 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 		m.inverted = now
 	}
 	old, next := m.get(), m.get()
-	inOrder := a.rescued >= minRescueEvidence || (a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy)
+	slowGaps := old != ModeInOrder && a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy
+	base := m.base.Load()
 	switch {
 	case e.inversions > 0:
 		next = ModeOutOfOrder
 		m.until = now + int64(learnedTTL)
-	case inOrder && now-m.inverted >= int64(outOfOrderQuiet):
+	case old == ModeInOrder && m.inBase > 0 && base > 4*m.inBase && base > m.inBase+int64(2*time.Millisecond):
+		next, m.barred = ModeUnknown, now+int64(learnedTTL/10)
+		a.rescued, a.busy, a.busySlow = 0, 0, 0
+	case (a.rescued >= minRescueEvidence || slowGaps) && now-m.inverted >= int64(outOfOrderQuiet) && now >= m.barred:
 		next = ModeInOrder
-		if e.rescued > 0 || e.busySlow > 0 || old != ModeInOrder {
+		if e.rescued > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)
+		}
+		if old != ModeInOrder || m.inBase == 0 {
+			m.inBase = base // 0 until a query alone on its connection was answered
 		}
 	case now > m.until:
 		next = ModeUnknown
@@ -277,16 +326,31 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 	return next, next != old
 }
 
-// learnBase folds a sweep's answer times of queries alone on their connection
-// into the usual answer time (an average over about eight sweeps with samples).
-func (m *serveMode) learnBase(sum int64, n int) {
+// learnTimes folds a sweep's answer times into the usual answer time (of
+// queries alone on their connection) and the mean answer time, each an average
+// over about eight sweeps with samples.
+func (m *serveMode) learnTimes(st answerStats) {
+	ewma(&m.base, st.aloneSum, st.aloneN)
+	ewma(&m.mean, st.sum, st.n)
+}
+
+func ewma(v *atomic.Int64, sum int64, n int) {
 	if n == 0 {
 		return
 	}
-	sample, old := sum/int64(n), m.base.Load()
+	sample, old := sum/int64(n), v.Load()
 	if old == 0 {
-		m.base.Store(sample)
+		v.Store(max(sample, 1)) // 1 ns at least: 0 is "no sample yet"
 		return
 	}
-	m.base.Store(old + (sample-old)/8)
+	v.Store(old + (sample-old)/8)
+}
+
+// ceiling is what an answer time counts at most toward the average v: twice
+// the average and a millisecond, none before the first sample.
+func ceiling(v *atomic.Int64) int64 {
+	if a := v.Load(); a != 0 {
+		return 2*a + int64(time.Millisecond)
+	}
+	return math.MaxInt64
 }

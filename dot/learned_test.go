@@ -45,19 +45,23 @@ func TestQueryLimitCountsLateAnswers(t *testing.T) {
 // queries alone on the connection.
 func TestAnswerLog(t *testing.T) {
 	ms := int64(time.Millisecond)
-	var l answerLog
-	l.note(1, 10*ms, 12*ms) // alone: written after the previous answer (none)
-	l.note(2, 11*ms, 15*ms) // written before the answer at 12: busy, 3 ms after it
-	l.note(4, 14*ms, 15*ms) // skips 3 (dropped?): nothing learned, but the order moves on
-	l.note(3, 13*ms, 16*ms) // written before 4, answered after it: out of order
-	l.note(5, 20*ms, 21*ms) // alone
-	e, sum, n := l.collect()
-	want := evidence{inversions: 1, busy: 1, busySlow: 1}
-	if e != want || n != 2 || sum != 3*ms {
-		t.Errorf("Evidence %+v, alone %d answers taking %v in all; want %+v, 2 answers taking 3ms", e, n, time.Duration(sum), want)
+	l := answerLog{meanCeiling: 3 * ms}
+	l.note(1, 10*ms, 12*ms, true)  // alone: written after the previous answer (none)
+	l.note(2, 11*ms, 15*ms, true)  // written before the answer at 12: busy, 3 ms after it
+	l.note(4, 14*ms, 15*ms, true)  // skips 3 (dropped?): nothing learned, but the order moves on
+	l.note(3, 13*ms, 16*ms, true)  // written before 4, answered after it: out of order
+	l.note(5, 20*ms, 21*ms, true)  // alone
+	l.note(6, 20*ms, 90*ms, false) // late: its caller gave up; not in the mean
+	st := l.collect()
+	want := evidence{inversions: 1, busy: 2, busySlow: 2}
+	if st.evidence != want || st.aloneN != 2 || st.aloneSum != 3*ms {
+		t.Errorf("Evidence %+v, alone %d answers taking %v in all; want %+v, 2 answers taking 3ms", st.evidence, st.aloneN, time.Duration(st.aloneSum), want)
 	}
-	if e, _, n := l.collect(); e != (evidence{}) || n != 0 {
-		t.Errorf("A second collect got %+v and %d answers, want nothing", e, n)
+	if st.n != 5 || st.sum != (2+3+1+3+1)*ms {
+		t.Errorf("Answers delivered: %d taking %v (each at most 3ms), want 5 taking 10ms", st.n, time.Duration(st.sum))
+	}
+	if st := l.collect(); st != (answerStats{}) {
+		t.Errorf("A second collect got %+v, want nothing", st)
 	}
 }
 
@@ -75,6 +79,12 @@ func TestServeModeUpdate(t *testing.T) {
 		}
 	}
 	step(evidence{}, ModeUnknown)
+	// In order before any query was answered alone: the usual time learnt
+	// later is the one to compare with.
+	step(evidence{rescued: 2}, ModeInOrder)
+	m.base.Store(int64(6 * time.Millisecond))
+	step(evidence{rescued: 1}, ModeInOrder)
+	step(evidence{}, ModeInOrder)
 	step(evidence{inversions: 1}, ModeOutOfOrder)
 	step(evidence{rescued: 2}, ModeOutOfOrder) // too soon after the answer out of order
 	for range 9 {
@@ -87,5 +97,16 @@ func TestServeModeUpdate(t *testing.T) {
 	step(evidence{}, ModeUnknown)
 	// Answers a full serialGap apart, most of those that waited, are in order too.
 	now += int64(outOfOrderQuiet)
+	m.base.Store(int64(time.Millisecond))
+	m.acc = evidence{}
 	step(evidence{busy: 10, busySlow: 9}, ModeInOrder)
+	// In order, queries alone on a connection answered four times as slowly
+	// (and 2 ms more): a busy upstream taken for in-order; barred for a while.
+	m.base.Store(int64(4 * time.Millisecond))
+	step(evidence{}, ModeInOrder)
+	m.base.Store(int64(5 * time.Millisecond))
+	step(evidence{}, ModeUnknown)
+	step(evidence{rescued: 10}, ModeUnknown)
+	now += int64(learnedTTL / 10)
+	step(evidence{rescued: 10}, ModeInOrder)
 }

@@ -29,11 +29,12 @@ type Pool struct {
 	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
 	needed     atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
 	shortfall  atomic.Int32            // from the sweeper: connections wanted and not open
-	rescuesWon atomic.Int32            // rescues that won by a rescue delay or more, since the last learn (judgeLocked)
+	rescuesWon atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	dialTime   atomic.Int64            // ns: how long a dial takes, smoothed
 	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
 	sizer      sizer                   // the sweeper's
 	respChans  *sync.Pool              // see newRespChans
+	bufs       sync.Pool               // connections' buffers (connBufs)
 	idleTicks  atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	probeDue   atomic.Bool             // in order: the next query that can is a probe (see probeConn)
 	kick       chan struct{}           // cap 1: wakes the sweeper
@@ -69,6 +70,7 @@ func New(cfg Config) (*Pool, error) {
 	p := &Pool{cfg: cfg, tls: clientTLS(cfg), obs: cfg.Observer, wake: make(chan struct{})}
 	p.sizeObs = sizeObserver(cfg.Observer)
 	p.respChans = newRespChans()
+	p.bufs.New = newConnBufs
 	p.kick = make(chan struct{}, 1)
 	p.idleTicks.Store(true)
 	p.sizer.tokens = maxRescueBurst

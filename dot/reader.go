@@ -11,6 +11,7 @@ import (
 // closed; then it closes the socket.
 func (c *conn) readLoop() {
 	defer c.pool.wg.Done()
+	defer c.loopDone()
 	defer c.closeSocket()
 	c.readFailed(c.readFrames(c.br))
 }
@@ -74,7 +75,7 @@ func (c *conn) dispatch(frame []byte) {
 		drop = DropLate
 		if cl.lost {
 			drop = DropRescued
-			c.pool.judgeLocked(cl, nanotime())
+			c.judgeLocked(cl, nanotime())
 		}
 		c.removeLocked(cl)
 	default:
@@ -83,7 +84,7 @@ func (c *conn) dispatch(frame []byte) {
 	}
 	if drop < 0 || drop == DropLate || drop == DropRescued {
 		c.served++
-		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime())
+		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
 	}
 	first := drop < 0 && c.answered == 1
 	drain := c.drainedLocked()

@@ -149,6 +149,10 @@ func TestRegimeInOrder(t *testing.T) {
 	const service = 5 * time.Millisecond
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// A burst first (as dnsperf starts): the mode is learnt before any
+		// query was answered alone on its connection.
+		burst := offer(p, 100, 0, func(i int) string { return fmt.Sprintf("b%d.example.", i) })
+		checkOutcomes(t, burst, func(string) time.Duration { return time.Second })
 		warm := offer(p, 200, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("w%d.example.", i) })
 		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
 		if m := p.Stats().Mode; m != ModeInOrder {
@@ -193,12 +197,12 @@ func TestRegimeOutOfOrder(t *testing.T) {
 
 // An in-order upstream that holds back every 20th query for 300 ms (CoreDNS's
 // tls:// server with erratic): a query written behind a slow one is rescued
-// on another connection, so that no query waits past the rescue delay (and a
-// sweeper tick) behind a slow one; while the pool learns the mode (the first
-// 100 ms, when it still fills connections in turn) a query may be stuck twice.
-// The slow ones take their 300 ms. Late answers to rescued queries are dropped
-// and counted.
+// on another connection, so that, once the pool has learnt the mode (within
+// learning), no query waits past the rescue delay (and a sweeper tick) behind a
+// slow one. The slow ones take their 300 ms. Late answers to rescued queries
+// are dropped and counted.
 func TestRegimeInOrderSlowTail(t *testing.T) {
+	const learning = 200 * time.Millisecond
 	const slow = 300 * time.Millisecond
 	opts := dottest.Options{InOrder: true, Delay: everyNth(20, slow)}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
@@ -207,16 +211,22 @@ func TestRegimeInOrderSlowTail(t *testing.T) {
 		out := offer(p, 2000, gap, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		sm.end()
 		limit := minRescueDelay + 2*minWatchInterval + time.Millisecond // written, blocked, rescued, answered
-		fast := 0
+		fast, learnt := 0, 0
 		for i, o := range out {
-			within := limit
-			if time.Duration(i)*gap < 100*time.Millisecond {
-				within = 2 * limit
+			if time.Duration(i)*gap < learning {
+				// The mode is learnt from rescues whose originals come
+				// minJudgeLate after them: meanwhile connections are filled
+				// in turn, and a query may be stuck behind two slow ones.
+				if o.err != nil || o.took > 2*slow+limit {
+					t.Errorf("Query %s (while learning): took %v, error %v", o.name, o.took, o.err)
+				}
+				continue
 			}
-			if o.err != nil || o.took > slow+within {
+			learnt++
+			if o.err != nil || o.took > slow+limit {
 				t.Errorf("Query %s: took %v, error %v", o.name, o.took, o.err)
 			}
-			if o.took <= within {
+			if o.took <= limit {
 				fast++
 			}
 		}
@@ -224,9 +234,9 @@ func TestRegimeInOrderSlowTail(t *testing.T) {
 		// every other query is answered within the limit, but for a probe now
 		// and then (see probeConn), which may find itself behind a slow one
 		// after all and be rescued late in a tick.
-		slowOnes, probes := int(s.Queries()+19)/20, len(out)/inOrderProbeEvery
-		if fast < len(out)-slowOnes-probes {
-			t.Errorf("%d of %d queries answered within %v, want all but the %d slow ones (and %d probes)", fast, len(out), limit, slowOnes, probes)
+		slowOnes, probes := learnt/20+1, learnt/inOrderProbeEvery+1
+		if fast < learnt-slowOnes-probes {
+			t.Errorf("%d of %d queries after the first %v answered within %v, want all but the %d slow ones (and %d probes)", fast, learnt, learning, limit, slowOnes, probes)
 		}
 		if m := p.Stats().Mode; m != ModeInOrder {
 			t.Errorf("Mode = %v, want %v", m, ModeInOrder)
@@ -370,6 +380,7 @@ func TestRegimeSwitchingUpstream(t *testing.T) {
 		mode("in order", ModeInOrder)
 		s.SetInOrder(false)
 		load("c", false)
+		load("c2", false) // probes are random: give them time
 		mode("once out of order", ModeOutOfOrder)
 		// The connections the in-order spell opened close as they go idle.
 		time.Sleep(2 * DefaultIdleTimeout)

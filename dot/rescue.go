@@ -10,22 +10,24 @@ import (
 
 // Rescues.
 //
-// A connection is blocked when it has read nothing for rescueDelay and a query
-// written on it has waited that long with an older one still outstanding: an
-// in-order upstream serves it only after the older one, which is slow (or the
-// connection is dying). A blocked connection takes no new query
-// until it reads again, and the queries stuck on it are rescued: each caller is
-// told (a notice on its call's resp, errRescued) and sends its query once more,
-// on another connection (dialled if need be). The call stays live where it was,
-// and the first answer of the two wins; the other attempt is given up, and its
-// late answer dropped and counted (DropRescued). Only an unanswered plain
-// QUERY on its first attempt is rescued, and a query is never sent more than
-// twice (a rescued query is not replayed, nor rescued again).
+// A connection is blocked when it has read nothing for the rescue delay and a
+// query written on it has waited that long with an older one still
+// outstanding: an in-order upstream serves it only after the older one, which
+// is slow (or the connection is dying). A blocked connection takes no new
+// query until it reads again, and the queries stuck on it are rescued: each
+// caller is told (a notice on its call's resp, errRescued) and sends its query
+// once more, on another connection with nothing outstanding (dialled if need
+// be). The call stays live where it was, and the first answer of the two wins;
+// the other attempt is given up, and its late answer dropped and counted
+// (DropRescued). Only a plain QUERY not yet sent twice is rescued, and a query
+// is never sent more than twice (a rescued query is not replayed, nor rescued
+// again). Queries not yet written move to another connection at no cost.
 //
-// What rescues cost is bounded: they are at most rescueShare of the answers
-// (with a burst of maxRescueBurst). A rescue that wins by a rescue delay or
+// What rescues cost is bounded: a budget of rescueShare of the answers (with a
+// burst of maxRescueBurst), of which a rescue takes more while the mode is not
+// known to be in order (rescueCost). A rescue that wins by a rescue delay or
 // more is evidence that the upstream serves a connection's queries in order
-// (see judgeLocked).
+// (see conn.judgeLocked).
 
 const (
 	// minRescueDelay is the least a query waits, with nothing read, before it
@@ -38,6 +40,11 @@ const (
 	// rescues at once.
 	rescueShare    = 0.25
 	maxRescueBurst = 64
+	// judgeFactor and minJudgeLate: a rescue wins by far when its original
+	// comes this many mean answer times after it, and this long at least
+	// (see conn.judgeLocked).
+	judgeFactor  = 4
+	minJudgeLate = 50 * time.Millisecond
 )
 
 // rescueCost is what a rescue costs of the budget in each mode. In order, one:
@@ -49,16 +56,25 @@ const (
 // changed.
 var rescueCost = [modeCount]float64{ModeUnknown: 4, ModeOutOfOrder: 10, ModeInOrder: 1}
 
-// judgeLocked judges the original of a rescue that won (at cl.wonAt), when its
-// late answer comes or when the sweeper finds it still unanswered: if that is a
-// rescue delay or more after the rescue's answer, the original was stuck
-// behind another query (not slow itself, and the upstream did not just pause:
-// then both come at once), which is evidence that the upstream serves a
-// connection's queries in order. Each is judged once. A record trial's query is
-// not: it may have been stuck because the upstream did not read it (see
-// records.go). The connection's mu must be held.
-func (p *Pool) judgeLocked(cl *call, now int64) {
-	if cl.wonAt != 0 && now-cl.wonAt >= p.rescueDelay() {
+// judgeLocked judges the original of a rescue that won (at cl.wonAt), on its
+// connection c, when its late answer comes or when the sweeper finds it still
+// unanswered: if that is well after the rescue's answer, the original was
+// stuck behind another query, which is evidence that the upstream serves a
+// connection's queries in order. Well after: minJudgeLate, a rescue delay and
+// four mean answer times. The original was not slow itself (the rescue was
+// not), the upstream did not just pause (then both come at once), and it was
+// not merely queued at a busy upstream that serves its connections in turn, a
+// fresh one (the rescue's) first: such an upstream (unbound at full load) lets
+// a connection wait a few tens of milliseconds at most. Each is judged once. A
+// record trial's query is not: it may have been stuck because the upstream did
+// not read it (see records.go). c.mu must be held.
+func (c *conn) judgeLocked(cl *call, now int64) {
+	p := c.pool
+	if cl.wonAt == 0 {
+		return
+	}
+	late := max(int64(minJudgeLate), p.rescueDelay(), judgeFactor*p.learned.mode.mean.Load())
+	if now-cl.wonAt >= late {
 		if !cl.trial {
 			p.rescuesWon.Add(1)
 		}
@@ -83,7 +99,7 @@ type blockWatch struct {
 }
 
 // watch runs on every tick. It finds blocked connections and rescues the calls
-// stuck on them (see conn.rescue), and reports whether any connection has
+// stuck on them (see rescueStuck), and reports whether any connection has
 // calls outstanding and how many frames all have read. late is how much later
 // than due the tick came: the time this process did not run is not counted as
 // time a connection read nothing.
@@ -101,20 +117,23 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 	cost := rescueCost[p.learned.mode.get()]
 	delay := p.rescueDelay()
 	for _, c := range conns {
-		if c.load.Load() >= 2 && now-c.watch.since >= delay {
-			c.rescue(now, delay, cost, &p.sizer.tokens)
+		// A connection whose answers wait unread in its socket is not stuck
+		// behind a slow one: its reader is behind, and rescues would only
+		// make this process busier.
+		if c.load.Load() >= 2 && now-c.watch.since >= delay && !c.bc.unread() {
+			c.rescueStuck(now, delay, cost, &p.sizer.tokens)
 		}
 	}
 	return busy, total
 }
 
-// rescue is called on a connection that has read nothing for delay. It marks c
+// rescueStuck is called on a connection that has read nothing for delay. It marks c
 // blocked if a written call has waited delay behind an older one still
 // outstanding. Then such calls that may be rescued get a rescue notice, oldest
 // first, as far as tokens allow, and the calls not yet written move to another
 // connection at no cost (errUnsent), rather than go out behind the slow one,
 // if the pool may have another.
-func (c *conn) rescue(now, delay int64, cost float64, tokens *float64) {
+func (c *conn) rescueStuck(now, delay int64, cost float64, tokens *float64) {
 	c.mu.Lock()
 	stuck := c.stuckLocked(now, delay)
 	if len(stuck) == 0 || c.state == stateClosed {
@@ -160,7 +179,7 @@ func (c *conn) stuckLocked(now, delay int64) []*call {
 	var stuck []*call
 	for _, cl := range c.calls {
 		if cl.tombUntil != 0 {
-			c.pool.judgeLocked(cl, now)
+			c.judgeLocked(cl, now)
 		} else if cl.state.Load() == callSent && cl.seq != head && now-cl.sentAt.Load() >= delay {
 			stuck = append(stuck, cl)
 		}

@@ -98,3 +98,31 @@ func TestRescueOnlyQueries(t *testing.T) {
 		}
 	})
 }
+
+// A pool that had nothing outstanding (its sweeper ticking slowly) sees the
+// first query stuck behind a slow one as soon as one that was busy all along
+// would: the first query registered wakes the sweeper.
+func TestStuckQueryRescuedSoonAfterIdle(t *testing.T) {
+	opts := dottest.Options{InOrder: true, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "head.example." {
+			return time.Second
+		}
+		return 0
+	}}
+	bubble(t, opts, 0, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // idle: the sweeper ticks every sweepInterval
+		go exchange(p, "head.example.")
+		time.Sleep(time.Millisecond)
+		start := time.Now()
+		if _, err := exchange(p, "stuck.example."); err != nil {
+			t.Fatalf("Stuck query: %v", err)
+		}
+		if took, want := time.Since(start), minRescueDelay+2*minWatchInterval; took > want {
+			t.Errorf("The query behind the slow one took %v, want %v at most (rescued)", took, want)
+		}
+		time.Sleep(2 * time.Second) // the head's answer, and the late one
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -16,10 +17,12 @@ import (
 // every query written before it on its connection, and for a slow one that is
 // long: each query then goes to the oldest connection with nothing outstanding,
 // one connection is kept spare, and the pool opens as many as the load needs
-// (Little's law: arrival rate × answer time), up to a cap far above the
-// out-of-order one. Either way a connection blocked behind a slow answer takes
-// no new query and its stuck queries are rescued (rescue.go); idle connections
-// close at IdleTimeout, so the pool shrinks back when the load does.
+// (Little's law: arrival rate × answer time, which is about the queries in
+// flight), up to a cap far above the out-of-order one. Either way a connection
+// blocked behind a slow answer takes no new query and its stuck queries are
+// rescued (rescue.go), and a connection near its end gets its successor before
+// it ends. Idle connections close at IdleTimeout (in order, surplus ones after
+// a second, see sweepAll), so the pool shrinks back when the load does.
 
 // Caps of connections that take new queries when Config.MaxConns is 0 (auto).
 const (
@@ -235,15 +238,16 @@ func (p *Pool) startDialLocked() bool {
 // countsTowardCap reports whether c counts toward the cap of connections that
 // take queries: a connection draining or near its end does not (its successor
 // is dialled before it ends), nor does one blocked behind a slow answer, which
-// takes no query either, unless the mode is unknown and no rescue won lately:
-// then a blocked connection is as likely the upstream pausing, which more
-// connections would not help (unbound's hiccups on a busy machine).
+// takes no query either, unless the cap is a number (MaxConns: the operator's
+// bound), or the mode is unknown and no rescue won lately: then a blocked
+// connection is as likely the upstream pausing, which more connections would
+// not help (unbound's hiccups on a busy machine).
 func (p *Pool) countsTowardCap(c *conn) bool {
 	if c.unusable.Load() || c.nearEnd.Load() {
 		return false
 	}
 	m := &p.learned.mode
-	return !c.blocked() || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
+	return !c.blocked() || p.cfg.MaxConns > 0 || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
 }
 
 // dialLimitLocked is how many dials may run at once: one after a failure (the
@@ -265,13 +269,28 @@ func (p *Pool) dialLimitLocked(ending int) int {
 type sizer struct {
 	at       int64   // unix ns of the last tick
 	total    int64   // frames read by all connections by then
-	reads    []int64 // watch's buffer: each connection's frames read
 	rate     float64 // answers per second, smoothed
 	inflight float64 // queries outstanding (tombstones included), smoothed
 	tokens   float64 // rescue budget (see rescue.go)
 	wanted   int     // the last reported Sized figures
 	open     int
+	used     [5]int // the most connections with queries outstanding in each of the last seconds, this one first
+	usedAt   int64  // unix ns when used[0]'s second began
 }
+
+// noteUsed records how many connections have queries outstanding now.
+func (z *sizer) noteUsed(now int64, n int) {
+	if now-z.usedAt >= int64(time.Second) {
+		copy(z.used[1:], z.used[:])
+		z.used[0], z.usedAt = 0, now
+	}
+	z.used[0] = max(z.used[0], n)
+}
+
+// keepInOrder is how many connections an in-order pool keeps when idle ones
+// could close: the most that had queries outstanding at once over the last
+// few seconds, the spares and one more (see sweepAll).
+func (z *sizer) keepInOrder() int { return slices.Max(z.used[:]) + inOrderSpares + 1 }
 
 // size runs on every tick, after watch: from the answers read since the last
 // tick it updates the answer rate and the rescue budget, and it works out how
@@ -287,10 +306,13 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 		z.tokens = min(z.tokens+float64(n)*rescueShare, maxRescueBurst)
 	}
 	z.at, z.total = now, reads
-	open, busy, inflight, all := 0, 0, 0, 0
+	open, busy, inflight, all, used := 0, 0, 0, 0, 0
 	for _, c := range conns {
 		l := int(c.load.Load())
 		all += l
+		if l > 0 && !c.unusable.Load() {
+			used++
+		}
 		if c.unusable.Load() || c.blocked() || c.nearEnd.Load() {
 			continue
 		}
@@ -300,6 +322,7 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 			inflight += l
 		}
 	}
+	z.noteUsed(now, used)
 	z.inflight += (float64(all) - z.inflight) / 8
 	needed := neededInOrder(max(z.inflight, float64(all)))
 	p.needed.Store(int32(needed))

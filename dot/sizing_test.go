@@ -50,3 +50,46 @@ func TestPausingUpstreamKeepsFewConnections(t *testing.T) {
 		t.Logf("%d rescues, %d handshakes", rec.get(func(r *recorder) int { return r.rescues }), s.Handshakes())
 	})
 }
+
+// An in-order upstream's pool follows its load down as well as up: a few
+// seconds after a burst that needed a score of connections, a light load keeps
+// a few, not everything the burst opened until IdleTimeout (8 s).
+func TestInOrderPoolShrinksWithLoad(t *testing.T) {
+	const service = 5 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		checkOutcomes(t, offer(p, 2000, 250*time.Microsecond, name), func(string) time.Duration { return time.Second })
+		burst := p.Stats().Conns
+		checkOutcomes(t, offer(p, 600, 10*time.Millisecond, name), func(string) time.Duration { return 2 * service })
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Fatalf("Mode = %v, want %v", m, ModeInOrder)
+		}
+		if c := p.Stats().Conns; burst < 10 || c > 4 {
+			t.Errorf("%d connections after 6 s at 100 QPS (one at a time), %d after 4,000 QPS; want 4 at most after, 10 or more before", c, burst)
+		}
+	})
+}
+
+// An upstream whose answers on a connection stop now and then for a few tens of
+// milliseconds while it serves its other connections (as unbound at full load
+// does, serving a fresh connection, a rescue's, before the queries queued on
+// the others; here, one query in 200 takes 30 ms) is not taken for in-order: a
+// rescue that wins by less than minJudgeLate is no evidence, and the pool
+// keeps its few connections.
+func TestShortStallsAreNoEvidence(t *testing.T) {
+	stall := everyNth(200, 30*time.Millisecond)
+	bubble(t, dottest.Options{InOrder: true, Delay: stall}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		sm := sample(p)
+		out := offer(p, 8000, 250*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return time.Second }) // failures only
+		if m := p.Stats().Mode; m == ModeInOrder {
+			t.Errorf("Mode = %v after stalls of 30 ms", m)
+		}
+		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open, want at most %d", c, AutoMaxConnsOutOfOrder)
+		}
+		t.Logf("%d rescues, %d handshakes", rec.get(func(r *recorder) int { return r.rescues }), s.Handshakes())
+	})
+}

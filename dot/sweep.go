@@ -9,8 +9,9 @@ import (
 // deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge (and
 // calls for a successor shortly before) and judges what the connection's state
 // calls for (sweepVerdictLocked); outside the lock it completes the timed-out
-// calls and closes the connection if it must.
-func (c *conn) sweep(now int64) {
+// calls and closes the connection if it must. idle, if not 0 and shorter than
+// the connection's idle timeout, replaces it (see sweepAll).
+func (c *conn) sweep(now int64, idle time.Duration) {
 	c.mu.Lock()
 	if c.state == stateClosed {
 		c.mu.Unlock()
@@ -26,7 +27,7 @@ func (c *conn) sweep(now int64) {
 			c.setDrainingLocked(CloseMaxAge)
 		}
 	}
-	v := c.sweepVerdictLocked(now, oldest, next)
+	v := c.sweepVerdictLocked(now, oldest, next, idle)
 	c.mu.Unlock()
 
 	for _, cl := range expired {
@@ -42,12 +43,12 @@ func (c *conn) sweep(now int64) {
 }
 
 // collect returns and clears what c's answers said of the upstream since the
-// last collect (see answerLog); answer times above ceiling (if not 0) count as
-// ceiling from now on.
-func (c *conn) collect(ceiling int64) (e evidence, aloneSum int64, aloneN int) {
+// last collect (see answerLog); from now on answer times count at most alone
+// for queries alone on the connection, mean for the mean.
+func (c *conn) collect(alone, mean int64) answerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.answers.aloneCeiling = ceiling
+	c.answers.aloneCeiling, c.answers.meanCeiling = alone, mean
 	return c.answers.collect()
 }
 
@@ -80,7 +81,10 @@ type sweepVerdict struct {
 
 // sweepVerdictLocked checks, in order of precedence, for a stall, a drain that
 // stopped answering, a finished drain and idleness. c.mu must be held.
-func (c *conn) sweepVerdictLocked(now int64, oldest, next *call) sweepVerdict {
+func (c *conn) sweepVerdictLocked(now int64, oldest, next *call, idle time.Duration) sweepVerdict {
+	if idle == 0 || idle > c.idle {
+		idle = c.idle
+	}
 	stuck := c.drainStuckLocked(now, oldest)
 	switch {
 	case c.stalledLocked(now, oldest, next):
@@ -89,7 +93,7 @@ func (c *conn) sweepVerdictLocked(now int64, oldest, next *call) sweepVerdict {
 		return sweepVerdict{errDrainStuck, c.drainFor}
 	case c.drainedLocked() >= 0:
 		return sweepVerdict{errDrained, c.drainFor}
-	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(c.idle):
+	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(idle):
 		return sweepVerdict{errIdle, CloseIdle}
 	}
 	return sweepVerdict{reason: -1}
@@ -199,31 +203,47 @@ func (p *Pool) kickSweeper() {
 // minWatchInterval is the fastest the sweeper ticks, while queries are outstanding.
 const minWatchInterval = minRescueDelay / 4
 
-// sweepAll sweeps every connection (see conn.sweep).
+// sweepAll sweeps every connection (see conn.sweep). For an in-order upstream,
+// whose load takes a connection per query in flight, the idle connections
+// beyond what the last few seconds' load needed (keepInOrder) close after
+// inOrderIdle already, the newest first (the oldest idle one is taken first):
+// the pool keeps what its recent load needed, not its busiest moment since
+// IdleTimeout.
 func (p *Pool) sweepAll(now int64, conns []*conn) {
-	for _, c := range conns {
-		c.sweep(now)
+	surplus := 0
+	if p.learned.mode.get() == ModeInOrder {
+		for _, c := range conns {
+			if !c.unusable.Load() {
+				surplus++
+			}
+		}
+		surplus -= p.sizer.keepInOrder()
+	}
+	for i := len(conns) - 1; i >= 0; i-- {
+		var idle time.Duration
+		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && !c.unusable.Load() {
+			idle, surplus = inOrderIdle, surplus-1
+		}
+		conns[i].sweep(now, idle)
 	}
 }
 
+// inOrderIdle is how long a surplus connection to an in-order upstream may
+// stay idle (see sweepAll).
+const inOrderIdle = time.Second
+
 // learn collects what the connections' answers said of the upstream (see
-// answerLog) and the rescues that won, and updates the mode and the usual
-// answer time; it reports a change of mode.
+// answerLog) and the rescues that won, and updates the mode and the answer
+// times; it reports a change of mode.
 func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
-	var e evidence
-	var sum int64
-	var n int
+	var st answerStats
 	for _, c := range conns {
-		ce, cs, cn := c.collect(2 * m.base.Load())
-		e.inversions += ce.inversions
-		e.busy += ce.busy
-		e.busySlow += ce.busySlow
-		sum, n = sum+cs, n+cn
+		st.add(c.collect(ceiling(&m.base), ceiling(&m.mean)))
 	}
-	e.rescued = float64(p.rescuesWon.Swap(0))
-	m.learnBase(sum, n)
-	if mode, changed := m.update(e, now); changed {
+	st.rescued = float64(p.rescuesWon.Swap(0))
+	m.learnTimes(st)
+	if mode, changed := m.update(st.evidence, now); changed {
 		perConn := p.cfg.MaxInflight
 		if mode == ModeInOrder {
 			perConn = 1

@@ -11,7 +11,9 @@ import (
 // framed into TLS records).
 func (c *conn) writeLoop() {
 	defer c.pool.wg.Done()
-	var batch []*call
+	defer c.loopDone()
+	batch := c.bufs.batch[:0]
+	defer func() { c.bufs.batch = batch[:0] }()
 	for {
 		var ok bool
 		if batch, ok = c.gather(batch[:0]); !ok {
