@@ -59,21 +59,8 @@ type groupKey struct {
 
 // summarize groups runs by kind, mode and churn setting, in mode order.
 func summarize(runs []Run) []Summary {
-	groups := map[groupKey][]Run{}
-	var keys []groupKey
-	for _, r := range runs {
-		k := groupKey{r.Kind, r.Mode, r.CloseAfter}
-		if _, ok := groups[k]; !ok {
-			keys = append(keys, k)
-		}
-		groups[k] = append(groups[k], r)
-	}
-	rank := func(m string) int {
-		if i := slices.Index(modeOrder, m); i >= 0 {
-			return i
-		}
-		return len(modeOrder)
-	}
+	groups, keys := groupBy(runs, func(r Run) groupKey { return groupKey{r.Kind, r.Mode, r.CloseAfter} })
+	rank := func(m string) int { return rankIn(modeOrder, m) }
 	kindRank := map[string]int{"throughput": 0, "latency": 1, "churn": 2}
 	slices.SortStableFunc(keys, func(a, b groupKey) int {
 		if d := kindRank[a.kind] - kindRank[b.kind]; d != 0 {
@@ -276,4 +263,26 @@ func churnSummary(ss []Summary, mode string) *Summary {
 // prevent), plus the answers that were not NOERROR.
 func unexplainedLoss(s *Summary) int64 {
 	return max(0, s.Lost-s.UDPDrops) + s.NotNoerror
+}
+
+// groupBy groups items by key, and returns the keys in the order first seen.
+func groupBy[K comparable, T any](items []T, key func(T) K) (map[K][]T, []K) {
+	groups := map[K][]T{}
+	var keys []K
+	for _, it := range items {
+		k := key(it)
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], it)
+	}
+	return groups, keys
+}
+
+// rankIn is s's place in order, past the end if it is not there.
+func rankIn(order []string, s string) int {
+	if i := slices.Index(order, s); i >= 0 {
+		return i
+	}
+	return len(order)
 }
