@@ -13,7 +13,11 @@
 #   BENCH_ROUNDS=3      interleaved rounds per phase
 #   BENCH_WARMUP=2      dnsperf warm-up before each measured run (not recorded)
 #   BENCH_CLIENTS=20 BENCH_INFLIGHT=200   dnsperf -c and -q
-#   BENCH_MODES="whoami fwd-udp fwd-tls dotforward unbound"
+#   BENCH_MODES="whoami fwd-udp fwd-tls dotforward dotforward-nocoalesce unbound"
+#     (dotforward-nocoalesce: dotforward with no_coalesce, the cost of coalescing, issue 15)
+#   BENCH_BASE_COREDNS=""  a second CoreDNS build with dotforward (for example an older
+#     commit's make build): adds mode dotforward-base, the same Corefile on that binary,
+#     so a change is measured against its base in one run; BENCH_BASE_LABEL names it
 #   BENCH_PHASES="throughput latency churn regimes hedge profile micro"
 #   BENCH_CHURN_AFTER=100   answers per connection in the churn run
 #   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
@@ -52,7 +56,12 @@ BENCH_ROUNDS=${BENCH_ROUNDS:-3}
 BENCH_WARMUP=${BENCH_WARMUP:-2}
 BENCH_CLIENTS=${BENCH_CLIENTS:-20}
 BENCH_INFLIGHT=${BENCH_INFLIGHT:-200}
-BENCH_MODES=${BENCH_MODES:-whoami fwd-udp fwd-tls dotforward unbound}
+BENCH_MODES=${BENCH_MODES:-whoami fwd-udp fwd-tls dotforward dotforward-nocoalesce unbound}
+BASE_COREDNS=${BENCH_BASE_COREDNS:-}
+BASE_LABEL=${BENCH_BASE_LABEL:-$BASE_COREDNS}
+if [ -n "$BASE_COREDNS" ] && [[ " $BENCH_MODES " != *" dotforward-base "* ]]; then
+	BENCH_MODES="$BENCH_MODES dotforward-base"
+fi
 BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes hedge profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
@@ -122,6 +131,10 @@ preflight() {
 	[ -x "$COREDNS" ] || die "no CoreDNS binary at $COREDNS (make build writes ./coredns)"
 	if { has_mode dotforward || has_phase regimes || has_phase hedge; } && ! "$COREDNS" -plugins | grep -Eq '(^|[ .])dotforward$'; then
 		die "$COREDNS has no dotforward plugin; build it with make build, or set BENCH_MODES without dotforward"
+	fi
+	if has_mode dotforward-base; then
+		[ -x "$BASE_COREDNS" ] || die "mode dotforward-base needs BENCH_BASE_COREDNS, a CoreDNS binary with dotforward (got '$BASE_COREDNS')"
+		"$BASE_COREDNS" -plugins | grep -Eq '(^|[ .])dotforward$' || die "BENCH_BASE_COREDNS=$BASE_COREDNS has no dotforward plugin"
 	fi
 	if has_phase regimes; then
 		command -v dnsdist >/dev/null 2>&1 || die "missing tool: dnsdist (scripts/install-deps.sh installs it)"
@@ -204,9 +217,12 @@ start_front() {
 		start_bg "$FRONT_NAME" unbound -d -c "$WORK/forwarder.conf"
 		FRONT_QPORT=$FWD_PORT
 	else
-		render "bench/conf/$mode.Corefile" "$WORK/$mode.Corefile"
+		# dotforward-base is dotforward's Corefile on the base build.
+		local conf=$mode bin=$COREDNS
+		[ "$mode" = dotforward-base ] && conf=dotforward bin=$BASE_COREDNS
+		render "bench/conf/$conf.Corefile" "$WORK/$mode.Corefile"
 		FRONT_NAME=coredns-$mode
-		start_bg "$FRONT_NAME" "$COREDNS" -conf "$WORK/$mode.Corefile"
+		start_bg "$FRONT_NAME" "$bin" -conf "$WORK/$mode.Corefile"
 		FRONT_QPORT=$FRONT_PORT
 	fi
 	FRONT_PID=$BG_PID
@@ -795,6 +811,7 @@ write_machine() {
 		echo "upstream_threads=1 thread"
 		echo "unbound_forwarder_threads=$UNBOUND_THREADS"
 		echo "modes=$BENCH_MODES"
+		if [ -n "$BASE_COREDNS" ]; then echo "base=$BASE_LABEL ($("$BASE_COREDNS" -version 2>/dev/null | head -1))"; fi
 	} >"$WORK/machine.env"
 	COREDNS_VERSION=$("$COREDNS" -version 2>/dev/null | awk 'NR == 1 { sub(/^CoreDNS-/, ""); print }')
 	DNSDIST_VERSION=$(dnsdist --version 2>/dev/null | awk 'NR == 1 { print $1, $2 }')

@@ -152,3 +152,41 @@ func TestParseDnsperfSplit(t *testing.T) {
 		t.Error("Without a split prefix the record has fast_samples")
 	}
 }
+
+// The coalescing and base-build ratios appear only when both of their modes ran,
+// and then compare dotforward with them round by round.
+func TestOptionalRatios(t *testing.T) {
+	runs := []Run{
+		{Kind: "throughput", Mode: "fwd-udp", Round: 1, QPS: 1000, CPUusPerQuery: 20},
+		{Kind: "throughput", Mode: "dotforward", Round: 1, QPS: 1200, CPUusPerQuery: 14},
+		{Kind: "throughput", Mode: "dotforward", Round: 2, QPS: 1300, CPUusPerQuery: 13},
+	}
+	names := func(rs []Ratio) map[string]Ratio {
+		m := map[string]Ratio{}
+		for _, r := range rs {
+			m[r.Name] = r
+		}
+		return m
+	}
+	without := names(throughputRatios(summarize(runs), runs))
+	if r, ok := without["QPS dotforward / dotforward no_coalesce"]; ok {
+		t.Errorf("no_coalesce ratio without its mode: %+v", r)
+	}
+	if _, ok := without["QPS dotforward / Unbound"]; !ok {
+		t.Error("the usual ratios must stay, measured or not")
+	}
+	runs = append(runs,
+		Run{Kind: "throughput", Mode: "dotforward-nocoalesce", Round: 1, QPS: 1000, CPUusPerQuery: 14},
+		Run{Kind: "throughput", Mode: "dotforward-nocoalesce", Round: 2, QPS: 1300, CPUusPerQuery: 13})
+	with := names(throughputRatios(summarize(runs), runs))
+	r, ok := with["QPS dotforward / dotforward no_coalesce"]
+	if !ok {
+		t.Fatal("no no_coalesce ratio with both modes")
+	}
+	if math.Abs(float64(r.Value)-1250.0/1150) > 1e-9 || float64(r.RoundMin) != 1 || math.Abs(float64(r.RoundMax)-1.2) > 1e-9 {
+		t.Errorf("no_coalesce ratio = %+v, want 1250/1150 of the medians, rounds 1–1.2", r)
+	}
+	if _, ok := with["QPS dotforward / dotforward base build"]; ok {
+		t.Error("base ratio without the base mode")
+	}
+}

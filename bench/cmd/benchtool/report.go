@@ -119,6 +119,7 @@ func writeMarkdown(w io.Writer, r *Results, profile string) {
 		"QPS range is min–max.\n\n",
 		m["upstream_threads"], m["zone"], m["dnsperf_args"], m["queries"], m["rounds"], m["seconds"], m["warmup"])
 
+	writeVariants(w, r.Summaries, m)
 	fmt.Fprintf(w, "![QPS and CPU per query per mode](chart.svg)\n\n")
 	writeTargets(w, r.Targets)
 	writeThroughput(w, r.Summaries, r.Ratios)
@@ -131,6 +132,18 @@ func writeMarkdown(w io.Writer, r *Results, profile string) {
 	if profile != "" {
 		fmt.Fprintf(w, "## Where dotforward's CPU goes\n\nCPU profile of the CoreDNS process in dotforward mode under the same load "+
 			"(a separate run, not one of the measured ones), from the `pprof` plugin, `go tool pprof -top`:\n\n```\n%s```\n", profile)
+	}
+}
+
+// writeVariants says what the two other dotforward modes are, when they ran.
+func writeVariants(w io.Writer, ss []Summary, m map[string]string) {
+	if find(ss, "throughput", "dotforward-nocoalesce", 0) != nil {
+		fmt.Fprintf(w, "*%s* is the same Corefile with `no_coalesce`: the names are distinct, so nothing merges, "+
+			"and the pair measures what coalescing costs (issue 15).\n\n", label("dotforward-nocoalesce"))
+	}
+	if find(ss, "throughput", "dotforward-base", 0) != nil {
+		fmt.Fprintf(w, "*%s* is dotforward's Corefile on another CoreDNS build, in the same run: %s.\n\n",
+			label("dotforward-base"), m["base"])
 	}
 }
 

@@ -6,7 +6,7 @@ import (
 )
 
 // modeOrder is the order of modes in tables and the chart.
-var modeOrder = []string{"whoami", "fwd-udp", "fwd-tls", "dotforward", "unbound"}
+var modeOrder = []string{"whoami", "fwd-udp", "fwd-tls", "dotforward", "dotforward-nocoalesce", "dotforward-base", "unbound"}
 
 // modeLabel describes each mode for readers of the report.
 var modeLabel = map[string]string{
@@ -14,7 +14,11 @@ var modeLabel = map[string]string{
 	"fwd-udp":    "CoreDNS forward, UDP",
 	"fwd-tls":    "CoreDNS forward, tls://",
 	"dotforward": "CoreDNS dotforward, tls://",
-	"unbound":    "Unbound forward-tls-upstream",
+	// The same with no_coalesce: what coalescing costs on distinct names.
+	"dotforward-nocoalesce": "CoreDNS dotforward, tls://, no_coalesce",
+	// The same Corefile on another build (BENCH_BASE_COREDNS), named in the report.
+	"dotforward-base": "CoreDNS dotforward, tls://, base build",
+	"unbound":         "Unbound forward-tls-upstream",
 }
 
 // Summary aggregates the rounds of one kind, mode (and churn setting).
@@ -159,17 +163,22 @@ func throughputRatios(ss []Summary, runs []Run) []Ratio {
 	type ratioDef struct {
 		name, a, b string
 		cpu        bool
+		optional   bool // left out when a mode did not run
 	}
 	defs := []ratioDef{
-		{"QPS dotforward / forward tls://", "dotforward", "fwd-tls", false},
-		{"QPS dotforward / forward UDP", "dotforward", "fwd-udp", false},
-		{"QPS dotforward / Unbound", "dotforward", "unbound", false},
-		{"QPS forward tls:// / forward UDP", "fwd-tls", "fwd-udp", false},
-		{"QPS Unbound / forward UDP", "unbound", "fwd-udp", false},
-		{"CPU per query dotforward / forward UDP", "dotforward", "fwd-udp", true},
-		{"CPU per query dotforward / forward tls://", "dotforward", "fwd-tls", true},
-		{"CPU per query dotforward / whoami", "dotforward", "whoami", true},
-		{"CPU per query forward UDP / whoami", "fwd-udp", "whoami", true},
+		{"QPS dotforward / forward tls://", "dotforward", "fwd-tls", false, false},
+		{"QPS dotforward / forward UDP", "dotforward", "fwd-udp", false, false},
+		{"QPS dotforward / Unbound", "dotforward", "unbound", false, false},
+		{"QPS forward tls:// / forward UDP", "fwd-tls", "fwd-udp", false, false},
+		{"QPS Unbound / forward UDP", "unbound", "fwd-udp", false, false},
+		{"CPU per query dotforward / forward UDP", "dotforward", "fwd-udp", true, false},
+		{"CPU per query dotforward / forward tls://", "dotforward", "fwd-tls", true, false},
+		{"CPU per query dotforward / whoami", "dotforward", "whoami", true, false},
+		{"CPU per query forward UDP / whoami", "fwd-udp", "whoami", true, false},
+		{"QPS dotforward / dotforward no_coalesce", "dotforward", "dotforward-nocoalesce", false, true},
+		{"CPU per query dotforward / dotforward no_coalesce", "dotforward", "dotforward-nocoalesce", true, true},
+		{"QPS dotforward / dotforward base build", "dotforward", "dotforward-base", false, true},
+		{"CPU per query dotforward / dotforward base build", "dotforward", "dotforward-base", true, true},
 	}
 	metric := func(cpu bool, qps, us float64) float64 {
 		if cpu {
@@ -191,6 +200,9 @@ func throughputRatios(ss []Summary, runs []Run) []Ratio {
 	for _, d := range defs {
 		r := Ratio{Name: d.name, Value: F(math.NaN()), RoundMin: F(math.NaN()), RoundMax: F(math.NaN())}
 		x, y := find(ss, "throughput", d.a, 0), find(ss, "throughput", d.b, 0)
+		if d.optional && (x == nil || y == nil) {
+			continue
+		}
 		if x != nil && y != nil {
 			r.Value = F(ratio(metric(d.cpu, x.QPS, x.CPUus), metric(d.cpu, y.QPS, y.CPUus)))
 		}
