@@ -1,0 +1,209 @@
+package dot
+
+import (
+	"context"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+)
+
+// unread sees the bytes the kernel holds for the socket, and only until they
+// are read; a connection without a socket has none.
+func TestUnreadSeesBytesWaitingInTheSocket(t *testing.T) {
+	client, server := tcpPair(t)
+	bc := &batchConn{Conn: client, rc: rawConn(t, client)}
+	if bc.unread() {
+		t.Fatal("unread before the server sent anything")
+	}
+	if _, err := server.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	awaitReadable(t, bc.rc)
+	if !bc.unread() {
+		t.Fatal("unread = false with 6 bytes waiting in the socket")
+	}
+	buf := make([]byte, 16)
+	if n, err := bc.Read(buf); err != nil || n != 6 {
+		t.Fatalf("Read = %d, %v", n, err)
+	}
+	if bc.unread() {
+		t.Error("unread = true once everything was read")
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if (&batchConn{Conn: a}).unread() {
+		t.Error("unread = true for a connection without a socket")
+	}
+}
+
+// A connection whose answers wait unread in its socket is not stuck behind a
+// slow query: its reader is behind. The sweeper leaves its queries alone
+// instead of rescuing them, which would only make a process short of CPU
+// busier still.
+func TestAnswersWaitingUnreadAreNoStuckConnection(t *testing.T) {
+	s := dottest.Start(t, dottest.Options{})
+	d := &readGate{}
+	p, rec := newTestPool(t, s, func(c *Config) { c.Dial = d.Dial; c.MaxConns = 2 })
+	if _, err := exchange(p, "warm.example."); err != nil {
+		t.Fatal(err)
+	}
+	// From now on the reader's next read blocks: the one it has under way
+	// takes the first answer, and the ones after it wait in the socket.
+	d.hold()
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for _, name := range []string{"first.example.", "head.example.", "next.example."} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := exchange(p, name)
+			errs <- err
+		}()
+		if name == "first.example." {
+			d.awaitBlocked(t) // first's answer was read, and the reader is held
+		}
+	}
+	conn := d.last()
+	awaitReadable(t, rawConn(t, conn.TCPConn))
+	// No event marks a rescue that does not happen: give the sweeper ten times
+	// the rescue delay to make a mistake.
+	time.Sleep(10 * minRescueDelay)
+	d.release()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("Query: %v", err)
+		}
+	}
+	if got := rec.get(func(r *recorder) int { return r.rescues }); got != 0 {
+		t.Errorf("Rescues = %d, want 0: the answers were in the socket, unread", got)
+	}
+	if got := d.dials(); got != 1 {
+		t.Errorf("Dials = %d, want 1", got)
+	}
+}
+
+// readGate dials real TCP connections whose reads can be held, keeping the
+// socket reachable (syscall.Conn) as the pool's own connections do.
+type readGate struct {
+	mu      sync.Mutex
+	held    chan struct{}   // guarded by mu; non-nil: reads block until it is closed
+	blocked chan struct{}   // guarded by mu; closed when a read blocks on held
+	conns   []*readGateConn // guarded by mu
+}
+
+func (g *readGate) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	rc := &readGateConn{TCPConn: c.(*net.TCPConn), g: g}
+	g.mu.Lock()
+	g.conns = append(g.conns, rc)
+	g.mu.Unlock()
+	return rc, nil
+}
+
+func (g *readGate) hold() {
+	g.mu.Lock()
+	g.held, g.blocked = make(chan struct{}), make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *readGate) release() {
+	g.mu.Lock()
+	close(g.held)
+	g.held = nil
+	g.mu.Unlock()
+}
+
+func (g *readGate) awaitBlocked(t *testing.T) {
+	t.Helper()
+	g.mu.Lock()
+	blocked := g.blocked
+	g.mu.Unlock()
+	select {
+	case <-blocked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reader never came back for more")
+	}
+}
+
+func (g *readGate) dials() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.conns)
+}
+
+func (g *readGate) last() *readGateConn {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.conns[len(g.conns)-1]
+}
+
+type readGateConn struct {
+	*net.TCPConn
+	g *readGate
+}
+
+func (c *readGateConn) Read(b []byte) (int, error) {
+	c.g.mu.Lock()
+	held, blocked := c.g.held, c.g.blocked
+	if held != nil {
+		select {
+		case <-blocked:
+		default:
+			close(blocked)
+		}
+	}
+	c.g.mu.Unlock()
+	if held != nil {
+		<-held
+	}
+	return c.TCPConn.Read(b)
+}
+
+// tcpPair returns both ends of a TCP connection over 127.0.0.1.
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
+
+func rawConn(t *testing.T, c net.Conn) syscall.RawConn {
+	t.Helper()
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// awaitReadable waits, through the runtime's poller and without reading, until
+// the socket holds bytes.
+func awaitReadable(t *testing.T, rc syscall.RawConn) {
+	t.Helper()
+	if err := rc.Read(func(fd uintptr) bool { return unreadBytes(fd) > 0 }); err != nil {
+		t.Fatal(err)
+	}
+}
