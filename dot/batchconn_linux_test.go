@@ -22,7 +22,7 @@ func TestUnreadSeesBytesWaitingInTheSocket(t *testing.T) {
 	if _, err := server.Write([]byte("answer")); err != nil {
 		t.Fatal(err)
 	}
-	awaitReadable(t, bc.rc)
+	awaitReadable(t, client)
 	if !bc.unread() {
 		t.Fatal("unread = false with 6 bytes waiting in the socket")
 	}
@@ -49,6 +49,7 @@ func TestAnswersWaitingUnreadAreNoStuckConnection(t *testing.T) {
 	s := dottest.Start(t, dottest.Options{})
 	d := &readGate{}
 	p, rec := newTestPool(t, s, func(c *Config) { c.Dial = d.Dial; c.MaxConns = 2 })
+	t.Cleanup(d.release) // before the pool closes (cleanups run last first), should the test fail held
 	if _, err := exchange(p, "warm.example."); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func TestAnswersWaitingUnreadAreNoStuckConnection(t *testing.T) {
 		}
 	}
 	conn := d.last()
-	awaitReadable(t, rawConn(t, conn.TCPConn))
+	awaitReadable(t, conn.TCPConn)
 	// No event marks a rescue that does not happen: give the sweeper ten times
 	// the rescue delay to make a mistake.
 	time.Sleep(10 * minRescueDelay)
@@ -119,8 +120,10 @@ func (g *readGate) hold() {
 
 func (g *readGate) release() {
 	g.mu.Lock()
-	close(g.held)
-	g.held = nil
+	if g.held != nil {
+		close(g.held)
+		g.held = nil
+	}
 	g.mu.Unlock()
 }
 
@@ -200,10 +203,20 @@ func rawConn(t *testing.T, c net.Conn) syscall.RawConn {
 }
 
 // awaitReadable waits, through the runtime's poller and without reading, until
-// the socket holds bytes.
-func awaitReadable(t *testing.T, rc syscall.RawConn) {
+// c's socket holds bytes, or fails the test after 5 s. It leaves c's deadlines
+// alone (the pool uses them to wake its reader); the wait ends at the latest
+// when the socket is closed.
+func awaitReadable(t *testing.T, c net.Conn) {
 	t.Helper()
-	if err := rc.Read(func(fd uintptr) bool { return unreadBytes(fd) > 0 }); err != nil {
-		t.Fatal(err)
+	rc := rawConn(t, c)
+	done := make(chan error, 1)
+	go func() { done <- rc.Read(func(fd uintptr) bool { return unreadBytes(fd) > 0 }) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Waiting for bytes in the socket: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("No bytes came into the socket within 5 s")
 	}
 }
