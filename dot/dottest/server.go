@@ -161,6 +161,10 @@ func (s *Server) track(c net.Conn) bool {
 	return true
 }
 
+// Piped reports whether the server serves in-memory pipes made by Dial
+// (Options.Pipe) rather than listening.
+func (s *Server) Piped() bool { return s.opts.Pipe }
+
 // SetInOrder changes whether the server answers each connection's queries one
 // at a time, in order (Options.InOrder), from the next query on.
 func (s *Server) SetInOrder(inOrder bool) { s.inOrder.Store(inOrder) }
