@@ -110,6 +110,9 @@ func New(opts Options) (*Server, error) {
 	}
 	cfg := opts.Cert.ServerTLS()
 	cfg.NextProtos = []string{"dot"}
+	if opts.Pipe {
+		cfg.CurvePreferences = pipeCurves
+	}
 	if opts.TLS != nil {
 		opts.TLS(cfg)
 	}
@@ -170,7 +173,20 @@ func (s *Server) Piped() bool { return s.opts.Pipe }
 func (s *Server) SetInOrder(inOrder bool) { s.inOrder.Store(inOrder) }
 
 // ClientTLS returns a client configuration that trusts this server.
-func (s *Server) ClientTLS() *tls.Config { return s.Cert.ClientTLS(s.ServerName) }
+func (s *Server) ClientTLS() *tls.Config {
+	cfg := s.Cert.ClientTLS(s.ServerName)
+	if s.opts.Pipe {
+		cfg.CurvePreferences = pipeCurves
+	}
+	return cfg
+}
+
+// pipeCurves are the key exchanges of a Pipe server and its ClientTLS: X25519
+// alone, without the default post-quantum hybrid, whose keys cost several times
+// as much CPU. Tests under synctest (the regime tests dial hundreds of
+// connections) are about the pool, not the key exchange, and their run time is
+// nothing but CPU.
+var pipeCurves = []tls.CurveID{tls.X25519}
 
 // Queries returns how many queries the server received.
 func (s *Server) Queries() int64 { return s.queries.Load() }
