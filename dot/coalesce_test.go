@@ -296,9 +296,15 @@ func TestCoalesceWaiterDeadline(t *testing.T) {
 			cancelled <- err
 		}()
 		awaitInFlight(t, s, p, 3)
-		_, err := p.ExchangeDeadline(context.Background(), newQuery("DEADLINE.example.", dns.TypeA), time.Now().Add(100*time.Millisecond))
+		start := time.Now()
+		_, err := p.ExchangeDeadline(context.Background(), newQuery("DEADLINE.example.", dns.TypeA), start.Add(100*time.Millisecond))
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrTimeout) {
 			t.Errorf("Waiter past its deadline: %v, want ErrTimeout and context.DeadlineExceeded", err)
+		}
+		// The bubble's clock moves only while every goroutine waits: the
+		// waiter returns at its deadline exactly.
+		if took := time.Since(start); took != 100*time.Millisecond {
+			t.Errorf("Waiter returned after %v, want its deadline, 100ms", took)
 		}
 		cancel()
 		if err := <-cancelled; !errors.Is(err, context.Canceled) {
