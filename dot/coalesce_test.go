@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -18,7 +19,8 @@ import (
 )
 
 // heldServer is a DoT server whose answers wait until the test opens it, so that
-// queries are in flight together for as long as the test needs.
+// queries are in flight together for as long as the test needs. It serves
+// in-memory pipes: start it inside a synctest bubble.
 type heldServer struct {
 	*dottest.Server
 	release chan struct{}
@@ -36,7 +38,7 @@ func startHeld(t *testing.T, opts dottest.Options) *heldServer {
 		<-h.release
 		return next(q)
 	}
-	h.Server = dottest.Start(t, opts)
+	h.Server = startPipe(t, opts)
 	t.Cleanup(h.open) // before the server's Close, which waits for held answers
 	return h
 }
@@ -121,46 +123,48 @@ func checkOwnAnswer(t *testing.T, o outcome) {
 func TestCoalesceIdenticalQueries(t *testing.T) {
 	for _, compress := range []bool{false, true} {
 		t.Run(fmt.Sprintf("compress=%v", compress), func(t *testing.T) {
-			s := startHeld(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
-				r := dottest.DefaultAnswer(q)
-				r.Compress = compress
-				return r
-			}})
-			p, rec := newTestPool(t, s.Server, nil)
-			const n = 64
-			out := make(chan outcome, n)
-			for i := range n {
-				m := newQuery(mixedCase("www.coalesce.example.", i*7919), dns.TypeA)
-				m.Id = uint16(1000 + i)
-				if i%2 == 1 {
-					m.SetEdns0(1232, false) // the OPT the pool adds to the others: the same upstream query
+			synctest.Test(t, func(t *testing.T) {
+				s := startHeld(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+					r := dottest.DefaultAnswer(q)
+					r.Compress = compress
+					return r
+				}})
+				p, rec := newTestPool(t, s.Server, nil)
+				const n = 64
+				out := make(chan outcome, n)
+				for i := range n {
+					m := newQuery(mixedCase("www.coalesce.example.", i*7919), dns.TypeA)
+					m.Id = uint16(1000 + i)
+					if i%2 == 1 {
+						m.SetEdns0(1232, false) // the OPT the pool adds to the others: the same upstream query
+					}
+					send(p, context.Background(), m, time.Now().Add(10*time.Second), out)
 				}
-				send(p, context.Background(), m, time.Now().Add(10*time.Second), out)
-			}
-			awaitInFlight(t, s, p, n)
-			s.open()
-			msgs := map[*dns.Msg]bool{}
-			rrs := map[dns.RR]bool{}
-			for range n {
-				o := <-out
-				checkOwnAnswer(t, o)
-				if o.r == nil {
-					continue
+				awaitInFlight(t, s, p, n)
+				s.open()
+				msgs := map[*dns.Msg]bool{}
+				rrs := map[dns.RR]bool{}
+				for range n {
+					o := <-out
+					checkOwnAnswer(t, o)
+					if o.r == nil {
+						continue
+					}
+					if msgs[o.r] || len(o.r.Answer) > 0 && rrs[o.r.Answer[0]] {
+						t.Errorf("Query %d got a message or record another query got too", o.q.Id)
+					}
+					msgs[o.r] = true
+					for _, rr := range append(o.r.Answer, o.r.Extra...) {
+						rrs[rr] = true
+					}
 				}
-				if msgs[o.r] || len(o.r.Answer) > 0 && rrs[o.r.Answer[0]] {
-					t.Errorf("Query %d got a message or record another query got too", o.q.Id)
+				if got := s.Queries(); got != 1 {
+					t.Errorf("The upstream got %d queries, want 1 for %d identical ones in flight", got, n)
 				}
-				msgs[o.r] = true
-				for _, rr := range append(o.r.Answer, o.r.Extra...) {
-					rrs[rr] = true
+				if got := rec.get(func(r *recorder) int { return r.coalesced }); got != n-1 {
+					t.Errorf("Coalesced = %d, want %d", got, n-1)
 				}
-			}
-			if got := s.Queries(); got != 1 {
-				t.Errorf("The upstream got %d queries, want 1 for %d identical ones in flight", got, n)
-			}
-			if got := rec.get(func(r *recorder) int { return r.coalesced }); got != n-1 {
-				t.Errorf("Coalesced = %d, want %d", got, n-1)
-			}
+			})
 		})
 	}
 }
@@ -204,33 +208,35 @@ func TestCoalesceKeepsDifferentQueriesApart(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := startHeld(t, dottest.Options{})
-			p, _ := newTestPool(t, s.Server, nil)
-			build := func(id uint16, name string, mod func(*dns.Msg)) *dns.Msg {
-				m := newQuery(name, dns.TypeA)
-				m.Id = id
-				m.SetEdns0(1232, false)
-				for _, f := range []func(*dns.Msg){tc.base, mod} {
-					if f != nil {
-						f(m)
+			synctest.Test(t, func(t *testing.T) {
+				s := startHeld(t, dottest.Options{})
+				p, _ := newTestPool(t, s.Server, nil)
+				build := func(id uint16, name string, mod func(*dns.Msg)) *dns.Msg {
+					m := newQuery(name, dns.TypeA)
+					m.Id = id
+					m.SetEdns0(1232, false)
+					for _, f := range []func(*dns.Msg){tc.base, mod} {
+						if f != nil {
+							f(m)
+						}
 					}
+					return m
 				}
-				return m
-			}
-			out := make(chan outcome, 3)
-			deadline := time.Now().Add(10 * time.Second)
-			send(p, context.Background(), build(1, "key.example.", nil), deadline, out)
-			waitFor(t, "the first query upstream", func() bool { return s.Queries() == 1 })
-			send(p, context.Background(), build(2, "KeY.example.", nil), deadline, out)
-			send(p, context.Background(), build(3, "key.example.", tc.variant), deadline, out)
-			awaitInFlight(t, s, p, 3)
-			s.open()
-			for range 3 {
-				checkOwnAnswer(t, <-out)
-			}
-			if got := s.Queries(); got != 2 {
-				t.Errorf("The upstream got %d queries, want 2: the variant alone, the other two merged", got)
-			}
+				out := make(chan outcome, 3)
+				deadline := time.Now().Add(10 * time.Second)
+				send(p, context.Background(), build(1, "key.example.", nil), deadline, out)
+				waitFor(t, "the first query upstream", func() bool { return s.Queries() == 1 })
+				send(p, context.Background(), build(2, "KeY.example.", nil), deadline, out)
+				send(p, context.Background(), build(3, "key.example.", tc.variant), deadline, out)
+				awaitInFlight(t, s, p, 3)
+				s.open()
+				for range 3 {
+					checkOwnAnswer(t, <-out)
+				}
+				if got := s.Queries(); got != 2 {
+					t.Errorf("The upstream got %d queries, want 2: the variant alone, the other two merged", got)
+				}
+			})
 		})
 	}
 }
@@ -245,25 +251,27 @@ func TestCoalesceOnlyPlainQueries(t *testing.T) {
 	}
 	for name, mod := range cases {
 		t.Run(name, func(t *testing.T) {
-			s := startHeld(t, dottest.Options{})
-			p, _ := newTestPool(t, s.Server, nil)
-			out := make(chan outcome, 2)
-			for i := range 2 {
-				m := newQuery("plain.example.", dns.TypeA)
-				m.Id = uint16(i + 1)
-				mod(m)
-				send(p, context.Background(), m, time.Now().Add(10*time.Second), out)
-			}
-			awaitInFlight(t, s, p, 2)
-			s.open()
-			for range 2 {
-				if o := <-out; o.err != nil || o.r.Id != o.q.Id {
-					t.Errorf("Query %d: %v", o.q.Id, o.err)
+			synctest.Test(t, func(t *testing.T) {
+				s := startHeld(t, dottest.Options{})
+				p, _ := newTestPool(t, s.Server, nil)
+				out := make(chan outcome, 2)
+				for i := range 2 {
+					m := newQuery("plain.example.", dns.TypeA)
+					m.Id = uint16(i + 1)
+					mod(m)
+					send(p, context.Background(), m, time.Now().Add(10*time.Second), out)
 				}
-			}
-			if got := s.Queries(); got != 2 {
-				t.Errorf("The upstream got %d queries, want 2", got)
-			}
+				awaitInFlight(t, s, p, 2)
+				s.open()
+				for range 2 {
+					if o := <-out; o.err != nil || o.r.Id != o.q.Id {
+						t.Errorf("Query %d: %v", o.q.Id, o.err)
+					}
+				}
+				if got := s.Queries(); got != 2 {
+					t.Errorf("The upstream got %d queries, want 2", got)
+				}
+			})
 		})
 	}
 }
@@ -272,73 +280,83 @@ func TestCoalesceOnlyPlainQueries(t *testing.T) {
 // at once; the leader and the other waiter still get the answer, from one
 // upstream query.
 func TestCoalesceWaiterDeadline(t *testing.T) {
-	s := startHeld(t, dottest.Options{})
-	p, _ := newTestPool(t, s.Server, nil)
-	long := time.Now().Add(10 * time.Second)
-	out := make(chan outcome, 2)
-	send(p, context.Background(), newQuery("deadline.example.", dns.TypeA), long, out)
-	waitFor(t, "the leader upstream", func() bool { return s.Queries() == 1 })
-	send(p, context.Background(), newQuery("Deadline.example.", dns.TypeA), long, out)
+	synctest.Test(t, func(t *testing.T) {
+		s := startHeld(t, dottest.Options{})
+		p, _ := newTestPool(t, s.Server, nil)
+		long := time.Now().Add(10 * time.Second)
+		out := make(chan outcome, 2)
+		send(p, context.Background(), newQuery("deadline.example.", dns.TypeA), long, out)
+		waitFor(t, "the leader upstream", func() bool { return s.Queries() == 1 })
+		send(p, context.Background(), newQuery("Deadline.example.", dns.TypeA), long, out)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	cancelled := make(chan error, 1)
-	go func() {
-		_, err := p.ExchangeDeadline(ctx, newQuery("deadline.EXAMPLE.", dns.TypeA), long)
-		cancelled <- err
-	}()
-	awaitInFlight(t, s, p, 3)
-	_, err := p.ExchangeDeadline(context.Background(), newQuery("DEADLINE.example.", dns.TypeA), time.Now().Add(100*time.Millisecond))
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrTimeout) {
-		t.Errorf("Waiter past its deadline: %v, want ErrTimeout and context.DeadlineExceeded", err)
-	}
-	cancel()
-	if err := <-cancelled; !errors.Is(err, context.Canceled) {
-		t.Errorf("Cancelled waiter: %v, want context.Canceled", err)
-	}
-	s.open()
-	for range 2 {
-		checkOwnAnswer(t, <-out)
-	}
-	if got := s.Queries(); got != 1 {
-		t.Errorf("The upstream got %d queries, want 1", got)
-	}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancelled := make(chan error, 1)
+		go func() {
+			_, err := p.ExchangeDeadline(ctx, newQuery("deadline.EXAMPLE.", dns.TypeA), long)
+			cancelled <- err
+		}()
+		awaitInFlight(t, s, p, 3)
+		start := time.Now()
+		_, err := p.ExchangeDeadline(context.Background(), newQuery("DEADLINE.example.", dns.TypeA), start.Add(100*time.Millisecond))
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrTimeout) {
+			t.Errorf("Waiter past its deadline: %v, want ErrTimeout and context.DeadlineExceeded", err)
+		}
+		// The bubble's clock moves only while every goroutine waits: the
+		// waiter returns at its deadline exactly.
+		if took := time.Since(start); took != 100*time.Millisecond {
+			t.Errorf("Waiter returned after %v, want its deadline, 100ms", took)
+		}
+		cancel()
+		if err := <-cancelled; !errors.Is(err, context.Canceled) {
+			t.Errorf("Cancelled waiter: %v, want context.Canceled", err)
+		}
+		s.open()
+		for range 2 {
+			checkOwnAnswer(t, <-out)
+		}
+		if got := s.Queries(); got != 1 {
+			t.Errorf("The upstream got %d queries, want 1", got)
+		}
+	})
 }
 
 // When the leader's caller gives up, its waiters are not failed with it: they try
 // again, one of them leading, and get the answer of the second upstream query.
 func TestCoalesceLeaderGivesUp(t *testing.T) {
-	s := startHeld(t, dottest.Options{})
-	p, rec := newTestPool(t, s.Server, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	leader := make(chan error, 1)
-	go func() {
-		_, err := p.ExchangeDeadline(ctx, newQuery("giveup.example.", dns.TypeA), time.Time{})
-		leader <- err
-	}()
-	waitFor(t, "the leader upstream", func() bool { return s.Queries() == 1 })
-	const n = 8
-	out := make(chan outcome, n)
-	for i := range n {
-		m := newQuery(mixedCase("giveup.example.", i+1), dns.TypeA)
-		m.Id = uint16(100 + i)
-		send(p, context.Background(), m, time.Now().Add(10*time.Second), out)
-	}
-	awaitInFlight(t, s, p, n+1)
-	cancel()
-	if err := <-leader; !errors.Is(err, context.Canceled) {
-		t.Errorf("Leader: %v, want context.Canceled", err)
-	}
-	waitFor(t, "a waiter to lead a new query", func() bool { return s.Queries() == 2 && waiting(p) == n-1 })
-	s.open()
-	for range n {
-		checkOwnAnswer(t, <-out)
-	}
-	if got := s.Queries(); got != 2 {
-		t.Errorf("The upstream got %d queries, want 2", got)
-	}
-	if got := rec.get(func(r *recorder) int { return r.coalesced }); got != n-1 {
-		t.Errorf("Coalesced = %d, want %d", got, n-1)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := startHeld(t, dottest.Options{})
+		p, rec := newTestPool(t, s.Server, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		leader := make(chan error, 1)
+		go func() {
+			_, err := p.ExchangeDeadline(ctx, newQuery("giveup.example.", dns.TypeA), time.Time{})
+			leader <- err
+		}()
+		waitFor(t, "the leader upstream", func() bool { return s.Queries() == 1 })
+		const n = 8
+		out := make(chan outcome, n)
+		for i := range n {
+			m := newQuery(mixedCase("giveup.example.", i+1), dns.TypeA)
+			m.Id = uint16(100 + i)
+			send(p, context.Background(), m, time.Now().Add(10*time.Second), out)
+		}
+		awaitInFlight(t, s, p, n+1)
+		cancel()
+		if err := <-leader; !errors.Is(err, context.Canceled) {
+			t.Errorf("Leader: %v, want context.Canceled", err)
+		}
+		waitFor(t, "a waiter to lead a new query", func() bool { return s.Queries() == 2 && waiting(p) == n-1 })
+		s.open()
+		for range n {
+			checkOwnAnswer(t, <-out)
+		}
+		if got := s.Queries(); got != 2 {
+			t.Errorf("The upstream got %d queries, want 2", got)
+		}
+		if got := rec.get(func(r *recorder) int { return r.coalesced }); got != n-1 {
+			t.Errorf("Coalesced = %d, want %d", got, n-1)
+		}
+	})
 }
 
 // When the upstream fails the leader's exchange (its connection closes before the
@@ -356,94 +374,102 @@ func TestCoalesceUpstreamFailure(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := startHeld(t, dottest.Options{})
-			p, _ := newTestPool(t, s.Server, func(c *Config) { c.ReadTimeout = 500 * time.Millisecond })
-			const n = 8
-			out := make(chan outcome, n)
-			deadline := time.Now().Add(10 * time.Second)
-			for i := range n {
-				send(p, context.Background(), newQuery(mixedCase("fail.example.", i), dns.TypeA), deadline, out)
-			}
-			awaitInFlight(t, s, p, n)
-			tc.fail(s)
-			for range n {
-				o := <-out
-				if !errors.Is(o.err, tc.want) || errors.Is(o.err, context.DeadlineExceeded) {
-					t.Errorf("Query for %s: %v, want %v, not the caller's deadline", o.q.Question[0].Name, o.err, tc.want)
+			synctest.Test(t, func(t *testing.T) {
+				s := startHeld(t, dottest.Options{})
+				p, _ := newTestPool(t, s.Server, func(c *Config) { c.ReadTimeout = 500 * time.Millisecond })
+				const n = 8
+				out := make(chan outcome, n)
+				deadline := time.Now().Add(10 * time.Second)
+				for i := range n {
+					send(p, context.Background(), newQuery(mixedCase("fail.example.", i), dns.TypeA), deadline, out)
 				}
-			}
-			if time.Now().After(deadline) {
-				t.Error("The waiters waited for their deadline")
-			}
-			if got := s.Queries(); got != 1 {
-				t.Errorf("The upstream got %d queries, want 1", got)
-			}
+				awaitInFlight(t, s, p, n)
+				tc.fail(s)
+				for range n {
+					o := <-out
+					if !errors.Is(o.err, tc.want) || errors.Is(o.err, context.DeadlineExceeded) {
+						t.Errorf("Query for %s: %v, want %v, not the caller's deadline", o.q.Question[0].Name, o.err, tc.want)
+					}
+				}
+				if time.Now().After(deadline) {
+					t.Error("The waiters waited for their deadline")
+				}
+				if got := s.Queries(); got != 1 {
+					t.Errorf("The upstream got %d queries, want 1", got)
+				}
+			})
 		})
 	}
 }
 
 // Closing the pool ends the flight: leader and waiters return with an error.
 func TestCoalescePoolClose(t *testing.T) {
-	s := startHeld(t, dottest.Options{})
-	p, _ := newTestPool(t, s.Server, nil)
-	const n = 8
-	out := make(chan outcome, n)
-	for range n {
-		send(p, context.Background(), newQuery("close.example.", dns.TypeA), time.Time{}, out)
-	}
-	awaitInFlight(t, s, p, n)
-	p.Close()
-	for range n {
-		if o := <-out; !errors.Is(o.err, ErrPoolClosed) && !errors.Is(o.err, ErrConnLost) {
-			t.Errorf("After Close: %v, want ErrPoolClosed or ErrConnLost", o.err)
+	synctest.Test(t, func(t *testing.T) {
+		s := startHeld(t, dottest.Options{})
+		p, _ := newTestPool(t, s.Server, nil)
+		const n = 8
+		out := make(chan outcome, n)
+		for range n {
+			send(p, context.Background(), newQuery("close.example.", dns.TypeA), time.Time{}, out)
 		}
-	}
-	if got := s.Queries(); got != 1 {
-		t.Errorf("The upstream got %d queries, want 1", got)
-	}
+		awaitInFlight(t, s, p, n)
+		p.Close()
+		for range n {
+			if o := <-out; !errors.Is(o.err, ErrPoolClosed) && !errors.Is(o.err, ErrConnLost) {
+				t.Errorf("After Close: %v, want ErrPoolClosed or ErrConnLost", o.err)
+			}
+		}
+		if got := s.Queries(); got != 1 {
+			t.Errorf("The upstream got %d queries, want 1", got)
+		}
+	})
 }
 
 // A flight takes at most maxJoiners waiters; the next query leads a new one.
 func TestCoalesceJoinersAreBounded(t *testing.T) {
-	s := startHeld(t, dottest.Options{})
-	p, _ := newTestPool(t, s.Server, nil)
-	const n = maxJoiners + 3 // a leader and its waiters, then a second leader and a waiter
-	out := make(chan outcome, n)
-	for range n {
-		send(p, context.Background(), newQuery("bounded.example.", dns.TypeA), time.Now().Add(10*time.Second), out)
-	}
-	// The full flight is out of the map: only the second one's waiter is seen.
-	waitFor(t, "two flights", func() bool { return s.Queries() == 2 && waiting(p) == 1 })
-	s.open()
-	for range n {
-		if o := <-out; o.err != nil {
-			t.Errorf("Query: %v", o.err)
+	synctest.Test(t, func(t *testing.T) {
+		s := startHeld(t, dottest.Options{})
+		p, _ := newTestPool(t, s.Server, nil)
+		const n = maxJoiners + 3 // a leader and its waiters, then a second leader and a waiter
+		out := make(chan outcome, n)
+		for range n {
+			send(p, context.Background(), newQuery("bounded.example.", dns.TypeA), time.Now().Add(10*time.Second), out)
 		}
-	}
-	if got := s.Queries(); got != 2 {
-		t.Errorf("The upstream got %d queries, want 2 for %d identical ones", got, n)
-	}
+		// The full flight is out of the map: only the second one's waiter is seen.
+		waitFor(t, "two flights", func() bool { return s.Queries() == 2 && waiting(p) == 1 })
+		s.open()
+		for range n {
+			if o := <-out; o.err != nil {
+				t.Errorf("Query: %v", o.err)
+			}
+		}
+		if got := s.Queries(); got != 2 {
+			t.Errorf("The upstream got %d queries, want 2 for %d identical ones", got, n)
+		}
+	})
 }
 
 // Without coalescing, identical queries in flight each go upstream.
 func TestNoCoalesce(t *testing.T) {
-	s := startHeld(t, dottest.Options{})
-	p, rec := newTestPool(t, s.Server, func(c *Config) { c.NoCoalesce = true })
-	const n = 8
-	out := make(chan outcome, n)
-	for range n {
-		send(p, context.Background(), newQuery("each.example.", dns.TypeA), time.Now().Add(10*time.Second), out)
-	}
-	// At least: the pool may rescue some of them, held behind the first, onto
-	// another connection.
-	waitFor(t, "every query upstream", func() bool { return s.Queries() >= n })
-	s.open()
-	for range n {
-		checkOwnAnswer(t, <-out)
-	}
-	if got := rec.get(func(r *recorder) int { return r.coalesced }); got != 0 {
-		t.Errorf("Coalesced = %d, want 0", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := startHeld(t, dottest.Options{})
+		p, rec := newTestPool(t, s.Server, func(c *Config) { c.NoCoalesce = true })
+		const n = 8
+		out := make(chan outcome, n)
+		for range n {
+			send(p, context.Background(), newQuery("each.example.", dns.TypeA), time.Now().Add(10*time.Second), out)
+		}
+		// At least: the pool may rescue some of them, held behind the first, onto
+		// another connection.
+		waitFor(t, "every query upstream", func() bool { return s.Queries() >= n })
+		s.open()
+		for range n {
+			checkOwnAnswer(t, <-out)
+		}
+		if got := rec.get(func(r *recorder) int { return r.coalesced }); got != 0 {
+			t.Errorf("Coalesced = %d, want 0", got)
+		}
+	})
 }
 
 // normalized returns q's upstream wire with the ID zeroed and the question name

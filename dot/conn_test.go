@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -270,75 +271,79 @@ func TestALPNRefusalIsExplained(t *testing.T) {
 
 // The upstream sees padded queries, and the keepalive it advertises is honoured.
 func TestPaddingOnTheWireAndKeepalive(t *testing.T) {
-	var mu sync.Mutex
-	var sizes []int
-	s := dottest.Start(t, dottest.Options{
-		OnQuery: func(wire []byte) {
-			mu.Lock()
-			sizes = append(sizes, len(wire))
-			mu.Unlock()
-		},
-		Handler: func(q *dns.Msg) *dns.Msg {
-			r := dottest.DefaultAnswer(q)
-			r.SetEdns0(1232, false)
-			// 3 units = 300ms: the pool must close idle connections before that.
-			r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 3})
-			return r
-		},
-	})
-	// An idle timeout far above the server's: only its keepalive can close the
-	// connection within the test.
-	p, rec := newTestPool(t, s, func(c *Config) { c.IdleTimeout = time.Hour })
-	for _, name := range []string{"a.example.", "a-much-longer-name-for-another-size.example.org."} {
-		r, err := exchange(p, name)
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var sizes []int
+		s := startPipe(t, dottest.Options{
+			OnQuery: func(wire []byte) {
+				mu.Lock()
+				sizes = append(sizes, len(wire))
+				mu.Unlock()
+			},
+			Handler: func(q *dns.Msg) *dns.Msg {
+				r := dottest.DefaultAnswer(q)
+				r.SetEdns0(1232, false)
+				// 3 units = 300ms: the pool must close idle connections before that.
+				r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 3})
+				return r
+			},
+		})
+		// An idle timeout far above the server's: only its keepalive can close the
+		// connection within the test.
+		p, rec := newTestPool(t, s, func(c *Config) { c.IdleTimeout = time.Hour })
+		for _, name := range []string{"a.example.", "a-much-longer-name-for-another-size.example.org."} {
+			r, err := exchange(p, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.IsEdns0() != nil {
+				t.Errorf("The server's keepalive OPT reached a client that sent no EDNS: %v", r.IsEdns0())
+			}
 		}
-		if r.IsEdns0() != nil {
-			t.Errorf("The server's keepalive OPT reached a client that sent no EDNS: %v", r.IsEdns0())
+		mu.Lock()
+		for _, n := range sizes {
+			if n%128 != 0 {
+				t.Errorf("Query of %d bytes on the wire, want a multiple of 128", n)
+			}
 		}
-	}
-	mu.Lock()
-	for _, n := range sizes {
-		if n%128 != 0 {
-			t.Errorf("Query of %d bytes on the wire, want a multiple of 128", n)
+		mu.Unlock()
+		c := (*p.conns.Load())[0]
+		c.mu.Lock()
+		idle := c.idle
+		c.mu.Unlock()
+		if want := 300 * time.Millisecond * 3 / 4; idle != want {
+			t.Errorf("Idle timeout after the server's 300ms keepalive = %v, want %v", idle, want)
 		}
-	}
-	mu.Unlock()
-	c := (*p.conns.Load())[0]
-	c.mu.Lock()
-	idle := c.idle
-	c.mu.Unlock()
-	if want := 300 * time.Millisecond * 3 / 4; idle != want {
-		t.Errorf("Idle timeout after the server's 300ms keepalive = %v, want %v", idle, want)
-	}
-	waitFor(t, "the idle close before the server's keepalive", func() bool {
-		return rec.get(func(r *recorder) int { return r.closes[CloseIdle] }) == 1
+		waitFor(t, "the idle close before the server's keepalive", func() bool {
+			return rec.get(func(r *recorder) int { return r.closes[CloseIdle] }) == 1
+		})
 	})
 }
 
 // A keepalive timeout of 0 means: send nothing more, close once answers are in.
 func TestKeepaliveZeroDrains(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
-		r := dottest.DefaultAnswer(q)
-		r.SetEdns0(1232, false)
-		if q.Question[0].Name == "bye.example." {
-			// miekg/dns packs a zero timeout as an empty option; send it by hand.
-			r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: dns.EDNS0TCPKEEPALIVE, Data: []byte{0, 0}})
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+			r := dottest.DefaultAnswer(q)
+			r.SetEdns0(1232, false)
+			if q.Question[0].Name == "bye.example." {
+				// miekg/dns packs a zero timeout as an empty option; send it by hand.
+				r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_LOCAL{Code: dns.EDNS0TCPKEEPALIVE, Data: []byte{0, 0}})
+			}
+			return r
+		}})
+		p, rec := newTestPool(t, s, nil)
+		if _, err := exchange(p, "bye.example."); err != nil {
+			t.Fatal(err)
 		}
-		return r
-	}})
-	p, rec := newTestPool(t, s, nil)
-	if _, err := exchange(p, "bye.example."); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the drain", func() bool { return rec.get(func(r *recorder) int { return r.closes[CloseDrain] }) == 1 })
-	if _, err := exchange(p, "next.example."); err != nil {
-		t.Fatal(err)
-	}
-	if h := s.Handshakes(); h != 2 {
-		t.Errorf("Handshakes = %d, want 2: the drained connection must not be reused", h)
-	}
+		waitFor(t, "the drain", func() bool { return rec.get(func(r *recorder) int { return r.closes[CloseDrain] }) == 1 })
+		if _, err := exchange(p, "next.example."); err != nil {
+			t.Fatal(err)
+		}
+		if h := s.Handshakes(); h != 2 {
+			t.Errorf("Handshakes = %d, want 2: the drained connection must not be reused", h)
+		}
+	})
 }
 
 // An empty keepalive option in an answer (invalid from a server) is no timeout,

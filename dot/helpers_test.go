@@ -13,11 +13,15 @@ import (
 )
 
 // newTestPool returns a pool to s, configured by mod, closed (and checked for
-// leaked goroutines) when the test ends.
+// leaked goroutines) when the test ends. To a Pipe server (see startPipe) it
+// dials in-memory pipes.
 func newTestPool(t *testing.T, s *dottest.Server, mod func(*Config)) (*Pool, *recorder) {
 	t.Helper()
 	rec := newRecorder()
 	cfg := Config{Addr: s.Addr, TLS: s.ClientTLS(), Observer: rec}
+	if s.Piped() {
+		cfg.Dial = s.Dial
+	}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -30,6 +34,18 @@ func newTestPool(t *testing.T, s *dottest.Server, mod func(*Config)) (*Pool, *re
 		checkNoPoolGoroutines(t)
 	})
 	return p, rec
+}
+
+// startPipe starts a server scripted by opts that serves in-memory pipes, for a
+// test inside a testing/synctest bubble (synctest.Test): its timers (timeouts,
+// idle, stall, backoff, max age, keepalive, deadlines) then run on the bubble's
+// virtual clock, which jumps ahead whenever every goroutine of the bubble
+// waits, so they fire at once and exactly on time. Start it inside the bubble;
+// it closes when the test ends.
+func startPipe(t *testing.T, opts dottest.Options) *dottest.Server {
+	t.Helper()
+	opts.Pipe = true
+	return dottest.Start(t, opts)
 }
 
 func newQuery(name string, qtype uint16) *dns.Msg {
@@ -154,6 +170,7 @@ func (r *recorder) get(f func(r *recorder) int) int {
 
 // gate is a Dial wrapper whose connections count writes and can hold them.
 type gate struct {
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error) // nil: TCP
 	mu      sync.Mutex
 	held    chan struct{} // non-nil: writes block until it is closed
 	entered chan struct{} // receives once per write that blocked
@@ -165,9 +182,20 @@ type gate struct {
 
 func newGate() *gate { return &gate{entered: make(chan struct{}, 1024)} }
 
+// newPipeGate returns a gate over the in-memory pipes of s, a Pipe server.
+func newPipeGate(s *dottest.Server) *gate {
+	g := newGate()
+	g.dial = s.Dial
+	return g
+}
+
 func (g *gate) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, addr)
+	dial := g.dial
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	c, err := dial(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}

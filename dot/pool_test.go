@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -80,17 +81,19 @@ func TestPipeliningOutOfOrder(t *testing.T) {
 // Every query is answered with its own question under concurrency, answers arrive
 // in random order, and in-flight never exceeds the per-connection cap.
 func TestConcurrentAnswersMatchQuestions(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{
-		Delay: func(q dns.Question) time.Duration { return time.Duration(len(q.Name)%5) * time.Millisecond },
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{
+			Delay: func(q dns.Question) time.Duration { return time.Duration(len(q.Name)%5) * time.Millisecond },
+		})
+		p, _ := newTestPool(t, s, func(c *Config) { c.MaxInflight = 8; c.MaxConns = 2 })
+		runLoad(t, p, 40, 25, nil)
+		if m := s.MaxOutstanding(); m > 8 {
+			t.Errorf("Server saw %d queries outstanding on one connection, cap is 8", m)
+		}
+		if h := s.Handshakes(); h > 2 {
+			t.Errorf("Handshakes = %d, want at most MaxConns = 2", h)
+		}
 	})
-	p, _ := newTestPool(t, s, func(c *Config) { c.MaxInflight = 8; c.MaxConns = 2 })
-	runLoad(t, p, 40, 25, nil)
-	if m := s.MaxOutstanding(); m > 8 {
-		t.Errorf("Server saw %d queries outstanding on one connection, cap is 8", m)
-	}
-	if h := s.Handshakes(); h > 2 {
-		t.Errorf("Handshakes = %d, want at most MaxConns = 2", h)
-	}
 }
 
 // runLoad sends workers*per queries and fails the test on any error or mismatched
@@ -124,65 +127,69 @@ func runLoad(t *testing.T, p *Pool, workers, per int, onErr func(error)) {
 }
 
 func TestMaxConnsNeverExceeded(t *testing.T) {
-	var peak atomic.Int64
-	var s *dottest.Server
-	s = dottest.Start(t, dottest.Options{
-		Delay: func(dns.Question) time.Duration {
-			if n := int64(s.Conns()); n > peak.Load() {
-				peak.Store(n)
-			}
-			return 5 * time.Millisecond
-		},
+	synctest.Test(t, func(t *testing.T) {
+		var peak atomic.Int64
+		var s *dottest.Server
+		s = startPipe(t, dottest.Options{
+			Delay: func(dns.Question) time.Duration {
+				if n := int64(s.Conns()); n > peak.Load() {
+					peak.Store(n)
+				}
+				return 5 * time.Millisecond
+			},
+		})
+		p, _ := newTestPool(t, s, func(c *Config) { c.MaxInflight = 4; c.MaxConns = 2 })
+		runLoad(t, p, 30, 10, nil)
+		if got := peak.Load(); got > 2 {
+			t.Errorf("Server saw %d connections at once, MaxConns is 2", got)
+		}
+		if got := s.Handshakes(); got > 2 {
+			t.Errorf("Handshakes = %d, want <= 2", got)
+		}
 	})
-	p, _ := newTestPool(t, s, func(c *Config) { c.MaxInflight = 4; c.MaxConns = 2 })
-	runLoad(t, p, 30, 10, nil)
-	if got := peak.Load(); got > 2 {
-		t.Errorf("Server saw %d connections at once, MaxConns is 2", got)
-	}
-	if got := s.Handshakes(); got > 2 {
-		t.Errorf("Handshakes = %d, want <= 2", got)
-	}
 }
 
 // A server that closes every connection after 50 answers, with queries pending,
 // loses nothing: unwritten queries move, written ones are replayed once.
 func TestServerClosingEvery50AnswersLosesNothing(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]int{}
-	s := dottest.Start(t, dottest.Options{
-		CloseAfter: 50,
-		OnQuery: func(wire []byte) {
-			m := new(dns.Msg)
-			if m.Unpack(wire) == nil {
-				mu.Lock()
-				seen[strings.ToLower(m.Question[0].Name)]++
-				mu.Unlock()
-			}
-		},
-	})
-	p, rec := newTestPool(t, s, nil)
-	runLoad(t, p, 50, 40, nil)
-	mu.Lock()
-	defer mu.Unlock()
-	if len(seen) != 2000 {
-		t.Errorf("Server saw %d distinct names, want 2000", len(seen))
-	}
-	for name, n := range seen {
-		if n > 2 {
-			t.Errorf("%s was written %d times, want at most 2", name, n)
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		seen := map[string]int{}
+		s := startPipe(t, dottest.Options{
+			CloseAfter: 50,
+			OnQuery: func(wire []byte) {
+				m := new(dns.Msg)
+				if m.Unpack(wire) == nil {
+					mu.Lock()
+					seen[strings.ToLower(m.Question[0].Name)]++
+					mu.Unlock()
+				}
+			},
+		})
+		p, rec := newTestPool(t, s, nil)
+		runLoad(t, p, 50, 40, nil)
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) != 2000 {
+			t.Errorf("Server saw %d distinct names, want 2000", len(seen))
 		}
-	}
-	cuts := rec.get(func(r *recorder) int { return r.closes[CloseServer] })
-	drained := rec.get(func(r *recorder) int { return r.closes[CloseLimit] })
-	if cuts == 0 {
-		t.Error("The server never cut a connection: the test tests nothing")
-	}
-	// After the first cut the pool knows the limit and drains connections before
-	// the server cuts them.
-	if drained < 30 || cuts > 5 {
-		t.Errorf("Connections drained at the learned limit = %d, cut by the server = %d; want most drained", drained, cuts)
-	}
-	t.Logf("Handshakes %d (resumed %d), replays %d", s.Handshakes(), s.Resumed(), rec.get(func(r *recorder) int { return r.replays }))
+		for name, n := range seen {
+			if n > 2 {
+				t.Errorf("%s was written %d times, want at most 2", name, n)
+			}
+		}
+		cuts := rec.get(func(r *recorder) int { return r.closes[CloseServer] })
+		drained := rec.get(func(r *recorder) int { return r.closes[CloseLimit] })
+		if cuts == 0 {
+			t.Error("The server never cut a connection: the test tests nothing")
+		}
+		// After the first cut the pool knows the limit and drains connections before
+		// the server cuts them.
+		if drained < 30 || cuts > 5 {
+			t.Errorf("Connections drained at the learned limit = %d, cut by the server = %d; want most drained", drained, cuts)
+		}
+		t.Logf("Handshakes %d (resumed %d), replays %d", s.Handshakes(), s.Resumed(), rec.get(func(r *recorder) int { return r.replays }))
+	})
 }
 
 // When a connection dies with queries not yet written, they move to another
@@ -228,94 +235,111 @@ func TestUnwrittenQueriesMoveAtNoCost(t *testing.T) {
 }
 
 func TestStalledConnectionIsReplaced(t *testing.T) {
-	var seen sync.Map // names the server has received: it drops each the first time
-	s := dottest.Start(t, dottest.Options{Drop: func(q dns.Question) bool {
-		_, again := seen.LoadOrStore(q.Name, true)
-		return !again && q.Name != "first.example."
-	}})
-	p, rec := newTestPool(t, s, func(c *Config) { c.StallTimeout = 100 * time.Millisecond })
-	if _, err := exchange(p, "first.example."); err != nil {
-		t.Fatal(err)
-	}
-	// The connection answers neither of the next two queries: the second is
-	// rescued on a fresh connection (it waits behind the first with nothing
-	// read), and the stall detector must close the connection and replay the first.
-	var wg sync.WaitGroup
-	for _, name := range []string{"second.example.", "third.example."} {
-		wg.Go(func() {
-			if _, err := exchange(p, name); err != nil {
-				t.Errorf("%s after stall: %v", name, err)
-			}
-		})
-	}
-	wg.Wait()
-	if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 1 {
-		t.Errorf("Stall closes = %d, want 1", got)
-	}
-	if got := rec.get(func(r *recorder) int { return r.replays + r.rescues }); got != 2 {
-		t.Errorf("Replays + rescues = %d, want 2", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		var seen sync.Map // names the server has received: it drops each the first time
+		s := startPipe(t, dottest.Options{Drop: func(q dns.Question) bool {
+			_, again := seen.LoadOrStore(q.Name, true)
+			return !again && q.Name != "first.example."
+		}})
+		p, rec := newTestPool(t, s, func(c *Config) { c.StallTimeout = 100 * time.Millisecond })
+		if _, err := exchange(p, "first.example."); err != nil {
+			t.Fatal(err)
+		}
+		// The connection answers neither of the next two queries: the second is
+		// rescued on a fresh connection (it waits behind the first with nothing
+		// read), and the stall detector must close the connection and replay the first.
+		var wg sync.WaitGroup
+		for _, name := range []string{"second.example.", "third.example."} {
+			wg.Go(func() {
+				if _, err := exchange(p, name); err != nil {
+					t.Errorf("%s after stall: %v", name, err)
+				}
+			})
+		}
+		wg.Wait()
+		if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 1 {
+			t.Errorf("Stall closes = %d, want 1", got)
+		}
+		if got := rec.get(func(r *recorder) int { return r.replays + r.rescues }); got != 2 {
+			t.Errorf("Replays + rescues = %d, want 2", got)
+		}
+	})
 }
 
 // One slow answer never closes a connection that keeps answering other queries.
 func TestSlowAnswerDoesNotCloseLiveConnection(t *testing.T) {
-	release := make(chan struct{})
-	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
-		if strings.HasPrefix(q.Question[0].Name, "slow.") {
-			<-release
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s := startPipe(t, dottest.Options{
+			Handler: func(q *dns.Msg) *dns.Msg {
+				if strings.HasPrefix(q.Question[0].Name, "slow.") {
+					<-release
+				}
+				return dottest.DefaultAnswer(q)
+			},
+			// A fast answer takes a millisecond (of the bubble's clock), so
+			// that the sweeper's ticks find a fast query outstanding behind
+			// the slow one, as they do now and then on a real clock.
+			Delay: func(q dns.Question) time.Duration {
+				if strings.HasPrefix(q.Name, "fast.") {
+					return time.Millisecond
+				}
+				return 0
+			},
+		})
+		p, rec := newTestPool(t, s, func(c *Config) { c.StallTimeout = 50 * time.Millisecond })
+		slow := make(chan error, 1)
+		go func() {
+			_, err := exchange(p, "slow.example.")
+			slow <- err
+		}()
+		waitFor(t, "the slow query to reach the server", func() bool { return s.Queries() == 1 })
+		// Keep the connection answering for several stall timeouts.
+		for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+			if _, err := exchange(p, "fast.example."); err != nil {
+				t.Fatalf("Fast query: %v", err)
+			}
 		}
-		return dottest.DefaultAnswer(q)
-	}})
-	p, rec := newTestPool(t, s, func(c *Config) { c.StallTimeout = 50 * time.Millisecond })
-	slow := make(chan error, 1)
-	go func() {
-		_, err := exchange(p, "slow.example.")
-		slow <- err
-	}()
-	waitFor(t, "the slow query to reach the server", func() bool { return s.Queries() == 1 })
-	// Keep the connection answering for several stall timeouts.
-	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
-		if _, err := exchange(p, "fast.example."); err != nil {
-			t.Fatalf("Fast query: %v", err)
+		close(release)
+		if err := <-slow; err != nil {
+			t.Fatalf("Slow query: %v", err)
 		}
-	}
-	close(release)
-	if err := <-slow; err != nil {
-		t.Fatalf("Slow query: %v", err)
-	}
-	// (A fast query stuck for a scheduling hiccup may be rescued on a second
-	// connection: that one may be dialled, but none is closed.)
-	if got := rec.get(func(r *recorder) int { return len(r.closes) }); got != 0 {
-		t.Errorf("%d connections closed (by reason), want none", got)
-	}
+		// (A fast query stuck for a scheduling hiccup may be rescued on a second
+		// connection: that one may be dialled, but none is closed.)
+		if got := rec.get(func(r *recorder) int { return len(r.closes) }); got != 0 {
+			t.Errorf("%d connections closed (by reason), want none", got)
+		}
+	})
 }
 
 // Callers beyond the pool's capacity wait, bounded by their context.
 func TestBackPressureIsBoundedByContext(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	p, _ := newTestPool(t, s, func(c *Config) { c.MaxConns = 1; c.MaxInflight = 2; c.ReadTimeout = 5 * time.Second })
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Distinct names: identical ones would share one upstream query.
-			p.Exchange(ctx, newQuery(fmt.Sprintf("fill%d.example.", i), dns.TypeA))
-		}()
-	}
-	waitFor(t, "the connection to fill", func() bool { return p.Stats().Inflight == 2 })
-	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancelShort()
-	_, err := p.Exchange(short, newQuery("waits.example.", dns.TypeA))
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Third query error = %v, want context.DeadlineExceeded", err)
-	}
-	if got := p.Stats().Inflight; got != 2 {
-		t.Errorf("In flight = %d, want the cap 2", got)
-	}
-	cancel()
-	wg.Wait()
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		p, _ := newTestPool(t, s, func(c *Config) { c.MaxConns = 1; c.MaxInflight = 2; c.ReadTimeout = 5 * time.Second })
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Distinct names: identical ones would share one upstream query.
+				p.Exchange(ctx, newQuery(fmt.Sprintf("fill%d.example.", i), dns.TypeA))
+			}()
+		}
+		waitFor(t, "the connection to fill", func() bool { return p.Stats().Inflight == 2 })
+		short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancelShort()
+		_, err := p.Exchange(short, newQuery("waits.example.", dns.TypeA))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Third query error = %v, want context.DeadlineExceeded", err)
+		}
+		if got := p.Stats().Inflight; got != 2 {
+			t.Errorf("In flight = %d, want the cap 2", got)
+		}
+		cancel()
+		wg.Wait()
+	})
 }
 
 // A dial is shared by all waiters and not cancelled when one of them gives up.
@@ -390,6 +414,10 @@ func TestCloseFailsWaitersAndLeavesNoGoroutines(t *testing.T) {
 	checkNoPoolGoroutines(t)
 }
 
+// (Over TCP, not in a synctest bubble: Close waits for its writer, which holds
+// the socket's batch lock in the blocked write while tls.Conn.Close waits for
+// that lock to send close_notify. A goroutine waiting for a mutex is not
+// durably blocked, so a bubble's clock would never reach closeGrace.)
 func TestCloseDoesNotHangOnDeadPeer(t *testing.T) {
 	s := dottest.Start(t, dottest.Options{Drop: func(dns.Question) bool { return true }})
 	g := newGate()

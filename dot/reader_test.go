@@ -3,6 +3,7 @@ package dot
 import (
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -10,32 +11,34 @@ import (
 )
 
 func TestWrongQuestionAndIDAreDroppedConnectionKept(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{Mutate: func(q, r *dns.Msg) {
-		switch q.Question[0].Name {
-		case "wrongq.example.":
-			r.Question[0].Name = "other.example."
-		case "wrongid.example.":
-			r.Id ^= 0x8000
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{Mutate: func(q, r *dns.Msg) {
+			switch q.Question[0].Name {
+			case "wrongq.example.":
+				r.Question[0].Name = "other.example."
+			case "wrongid.example.":
+				r.Id ^= 0x8000
+			}
+		}})
+		p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond; c.TombstoneTTL = 50 * time.Millisecond })
+		for _, name := range []string{"wrongq.example.", "wrongid.example."} {
+			if _, err := exchange(p, name); !errors.Is(err, ErrTimeout) {
+				t.Errorf("%s: error = %v, want ErrTimeout (its answer must be dropped)", name, err)
+			}
+			// Its tombstone gone, the next query is not stuck behind it (and rescued).
+			waitFor(t, "the tombstone to expire", func() bool { return p.Stats().Inflight == 0 })
 		}
-	}})
-	p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond; c.TombstoneTTL = 50 * time.Millisecond })
-	for _, name := range []string{"wrongq.example.", "wrongid.example."} {
-		if _, err := exchange(p, name); !errors.Is(err, ErrTimeout) {
-			t.Errorf("%s: error = %v, want ErrTimeout (its answer must be dropped)", name, err)
+		if got := rec.get(func(r *recorder) int { return r.drops[DropWrongQuestion] }); got != 1 {
+			t.Errorf("Wrong-question drops = %d, want 1", got)
 		}
-		// Its tombstone gone, the next query is not stuck behind it (and rescued).
-		waitFor(t, "the tombstone to expire", func() bool { return p.Stats().Inflight == 0 })
-	}
-	if got := rec.get(func(r *recorder) int { return r.drops[DropWrongQuestion] }); got != 1 {
-		t.Errorf("Wrong-question drops = %d, want 1", got)
-	}
-	if got := rec.get(func(r *recorder) int { return r.drops[DropUnknownID] }); got != 1 {
-		t.Errorf("Unknown-ID drops = %d, want 1", got)
-	}
-	if _, err := exchange(p, "fine.example."); err != nil {
-		t.Fatalf("Query after drops: %v", err)
-	}
-	if h := s.Handshakes(); h != 1 {
-		t.Errorf("Handshakes = %d, want 1: drops must not close the connection", h)
-	}
+		if got := rec.get(func(r *recorder) int { return r.drops[DropUnknownID] }); got != 1 {
+			t.Errorf("Unknown-ID drops = %d, want 1", got)
+		}
+		if _, err := exchange(p, "fine.example."); err != nil {
+			t.Fatalf("Query after drops: %v", err)
+		}
+		if h := s.Handshakes(); h != 1 {
+			t.Errorf("Handshakes = %d, want 1: drops must not close the connection", h)
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -44,25 +45,27 @@ func TestRecordVerdictTTL(t *testing.T) {
 // (dnsdist 1.7) serves them all: even such a server may be given shared records
 // (the trial's verdict on it depends on timing) without any query waiting.
 func TestSharedRecordsKeepLazyServerReading(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{LazyRecords: true})
-	g := newGate()
-	p, rec := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
-	p.learned.records.v.Store(int32(verdictShared))
-	p.learned.records.until.Store(math.MaxInt64)
-	if _, err := exchange(p, "warm.example."); err != nil {
-		t.Fatal(err)
-	}
-	for range 5 {
-		if w := gatedBurst(t, p, g, 20); w != 2 {
-			t.Errorf("Socket writes = %d, want 2", w)
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{LazyRecords: true})
+		g := newPipeGate(s)
+		p, rec := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
+		p.learned.records.v.Store(int32(verdictShared))
+		p.learned.records.until.Store(math.MaxInt64)
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if to := rec.get(func(r *recorder) int { return r.timeouts }); to != 0 {
-		t.Errorf("%d queries timed out, want 0", to)
-	}
-	if r, q := s.Records(), s.Queries(); r >= q {
-		t.Errorf("The server read %d records for %d queries, want fewer records than queries", r, q)
-	}
+		for range 5 {
+			if w := gatedBurst(t, p, g, 20); w != 2 {
+				t.Errorf("Socket writes = %d, want 2", w)
+			}
+		}
+		if to := rec.get(func(r *recorder) int { return r.timeouts }); to != 0 {
+			t.Errorf("%d queries timed out, want 0", to)
+		}
+		if r, q := s.Records(), s.Queries(); r >= q {
+			t.Errorf("The server read %d records for %d queries, want fewer records than queries", r, q)
+		}
+	})
 }
 
 // gatedBurst blocks p's next socket write, queues n queries behind it, releases

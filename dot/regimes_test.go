@@ -24,8 +24,16 @@ import (
 // bubble runs f in a synctest bubble with a pipe server scripted by opts and a
 // pool to it; each dial takes handshake (virtual) time. The bubble ends only
 // once every goroutine has: a leak fails the test.
+//
+// The test runs in parallel with the other tests that use bubble: they share
+// nothing (no global state, no sockets), none looks for leaked goroutines
+// across the process (checkNoPoolGoroutines: the bubble does that for its
+// own), and what they measure is virtual time, which another test's use of the
+// CPU does not change. Their run time is CPU alone, so two of them keep both
+// cores busy.
 func bubble(t *testing.T, opts dottest.Options, handshake time.Duration, mod func(*Config), f func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder)) {
 	t.Helper()
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		opts.Pipe = true
 		s := dottest.Start(t, opts)

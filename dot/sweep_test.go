@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -11,107 +12,117 @@ import (
 )
 
 func TestBlackHoleTimesOut(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond })
-	_, err := exchange(p, "void.example.")
-	if !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Exchange error = %v, want ErrTimeout", err)
-	}
-	if got := rec.get(func(r *recorder) int { return r.timeouts }); got != 1 {
-		t.Errorf("Timeouts = %d, want 1", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond })
+		_, err := exchange(p, "void.example.")
+		if !errors.Is(err, ErrTimeout) {
+			t.Fatalf("Exchange error = %v, want ErrTimeout", err)
+		}
+		if got := rec.get(func(r *recorder) int { return r.timeouts }); got != 1 {
+			t.Errorf("Timeouts = %d, want 1", got)
+		}
+	})
 }
 
 // A late answer to a query that timed out is dropped, never handed to anyone.
 func TestLateAnswerIsDropped(t *testing.T) {
-	release := make(chan struct{})
-	s := dottest.Start(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
-		if strings.HasPrefix(q.Question[0].Name, "late.") {
-			<-release
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		s := startPipe(t, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+			if strings.HasPrefix(q.Question[0].Name, "late.") {
+				<-release
+			}
+			return dottest.DefaultAnswer(q)
+		}})
+		p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond })
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
 		}
-		return dottest.DefaultAnswer(q)
-	}})
-	p, rec := newTestPool(t, s, func(c *Config) { c.ReadTimeout = 100 * time.Millisecond })
-	if _, err := exchange(p, "warm.example."); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := exchange(p, "late.example."); !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Late query error = %v, want ErrTimeout", err)
-	}
-	if got := p.Stats().Inflight; got != 1 {
-		t.Errorf("In flight after timeout = %d, want 1 (the tombstone)", got)
-	}
-	close(release)
-	waitFor(t, "the late answer to be dropped", func() bool {
-		return rec.get(func(r *recorder) int { return r.drops[DropLate] }) == 1
+		if _, err := exchange(p, "late.example."); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("Late query error = %v, want ErrTimeout", err)
+		}
+		if got := p.Stats().Inflight; got != 1 {
+			t.Errorf("In flight after timeout = %d, want 1 (the tombstone)", got)
+		}
+		close(release)
+		waitFor(t, "the late answer to be dropped", func() bool {
+			return rec.get(func(r *recorder) int { return r.drops[DropLate] }) == 1
+		})
+		if got := p.Stats().Inflight; got != 0 {
+			t.Errorf("In flight after the late answer = %d, want 0", got)
+		}
+		r, err := exchange(p, "next.example.")
+		if err != nil || r.Question[0].Name != "next.example." {
+			t.Fatalf("Next query: %v %v", r, err)
+		}
 	})
-	if got := p.Stats().Inflight; got != 0 {
-		t.Errorf("In flight after the late answer = %d, want 0", got)
-	}
-	r, err := exchange(p, "next.example.")
-	if err != nil || r.Question[0].Name != "next.example." {
-		t.Fatalf("Next query: %v %v", r, err)
-	}
 }
 
 func TestIdleConnectionCloses(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{})
-	p, rec := newTestPool(t, s, func(c *Config) { c.IdleTimeout = 50 * time.Millisecond })
-	if _, err := exchange(p, "a.example."); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the idle close", func() bool { return p.Stats().Conns == 0 && s.Conns() == 0 })
-	if got := rec.get(func(r *recorder) int { return r.closes[CloseIdle] }); got != 1 {
-		t.Errorf("Idle closes = %d, want 1", got)
-	}
-	// The next dial resumes the TLS session.
-	if _, err := exchange(p, "b.example."); err != nil {
-		t.Fatal(err)
-	}
-	if s.Resumed() != 1 || rec.get(func(r *recorder) int { return r.resumed }) != 1 {
-		t.Errorf("Resumed handshakes: server %d, pool %d, want 1", s.Resumed(), rec.get(func(r *recorder) int { return r.resumed }))
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{})
+		p, rec := newTestPool(t, s, func(c *Config) { c.IdleTimeout = 50 * time.Millisecond })
+		if _, err := exchange(p, "a.example."); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the idle close", func() bool { return p.Stats().Conns == 0 && s.Conns() == 0 })
+		if got := rec.get(func(r *recorder) int { return r.closes[CloseIdle] }); got != 1 {
+			t.Errorf("Idle closes = %d, want 1", got)
+		}
+		// The next dial resumes the TLS session.
+		if _, err := exchange(p, "b.example."); err != nil {
+			t.Fatal(err)
+		}
+		if s.Resumed() != 1 || rec.get(func(r *recorder) int { return r.resumed }) != 1 {
+			t.Errorf("Resumed handshakes: server %d, pool %d, want 1", s.Resumed(), rec.get(func(r *recorder) int { return r.resumed }))
+		}
+	})
 }
 
 func TestMaxAgeDrainsConnection(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{})
-	p, rec := newTestPool(t, s, func(c *Config) { c.MaxAge = 50 * time.Millisecond })
-	if _, err := exchange(p, "a.example."); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the max-age close", func() bool { return rec.get(func(r *recorder) int { return r.closes[CloseMaxAge] }) == 1 })
-	if _, err := exchange(p, "b.example."); err != nil {
-		t.Fatal(err)
-	}
-	if h := s.Handshakes(); h != 2 {
-		t.Errorf("Handshakes = %d, want 2", h)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{})
+		p, rec := newTestPool(t, s, func(c *Config) { c.MaxAge = 50 * time.Millisecond })
+		if _, err := exchange(p, "a.example."); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the max-age close", func() bool { return rec.get(func(r *recorder) int { return r.closes[CloseMaxAge] }) == 1 })
+		if _, err := exchange(p, "b.example."); err != nil {
+			t.Fatal(err)
+		}
+		if h := s.Handshakes(); h != 2 {
+			t.Errorf("Handshakes = %d, want 2", h)
+		}
+	})
 }
 
 // One unanswered query on an otherwise idle connection is not a stall: the server
 // may have dropped it. It times out; the connection stays and is no failure.
 func TestOneUnansweredQueryIsNoStall(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{Drop: func(q dns.Question) bool { return q.Name == "void.example." }})
-	p, rec := newTestPool(t, s, func(c *Config) {
-		c.StallTimeout = 20 * time.Millisecond
-		c.ReadTimeout = 200 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{Drop: func(q dns.Question) bool { return q.Name == "void.example." }})
+		p, rec := newTestPool(t, s, func(c *Config) {
+			c.StallTimeout = 20 * time.Millisecond
+			c.ReadTimeout = 200 * time.Millisecond
+		})
+		if _, err := exchange(p, "first.example."); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := exchange(p, "void.example."); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("Dropped query: error = %v, want ErrTimeout", err)
+		}
+		if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 0 {
+			t.Errorf("Stall closes = %d, want 0", got)
+		}
+		if f := rec.get(func(r *recorder) int { return r.failures }); f != 0 {
+			t.Errorf("Failures = %d, want 0", f)
+		}
+		if _, err := exchange(p, "after.example."); err != nil {
+			t.Fatal(err)
+		}
+		if h := s.Handshakes(); h != 1 {
+			t.Errorf("Handshakes = %d, want 1: the connection must survive", h)
+		}
 	})
-	if _, err := exchange(p, "first.example."); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := exchange(p, "void.example."); !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Dropped query: error = %v, want ErrTimeout", err)
-	}
-	if got := rec.get(func(r *recorder) int { return r.closes[CloseStall] }); got != 0 {
-		t.Errorf("Stall closes = %d, want 0", got)
-	}
-	if f := rec.get(func(r *recorder) int { return r.failures }); f != 0 {
-		t.Errorf("Failures = %d, want 0", f)
-	}
-	if _, err := exchange(p, "after.example."); err != nil {
-		t.Fatal(err)
-	}
-	if h := s.Handshakes(); h != 1 {
-		t.Errorf("Handshakes = %d, want 1: the connection must survive", h)
-	}
 }

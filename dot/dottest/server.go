@@ -110,6 +110,9 @@ func New(opts Options) (*Server, error) {
 	}
 	cfg := opts.Cert.ServerTLS()
 	cfg.NextProtos = []string{"dot"}
+	if opts.Pipe {
+		cfg.CurvePreferences = pipeCurves
+	}
 	if opts.TLS != nil {
 		opts.TLS(cfg)
 	}
@@ -161,12 +164,29 @@ func (s *Server) track(c net.Conn) bool {
 	return true
 }
 
+// Piped reports whether the server serves in-memory pipes made by Dial
+// (Options.Pipe) rather than listening.
+func (s *Server) Piped() bool { return s.opts.Pipe }
+
 // SetInOrder changes whether the server answers each connection's queries one
 // at a time, in order (Options.InOrder), from the next query on.
 func (s *Server) SetInOrder(inOrder bool) { s.inOrder.Store(inOrder) }
 
 // ClientTLS returns a client configuration that trusts this server.
-func (s *Server) ClientTLS() *tls.Config { return s.Cert.ClientTLS(s.ServerName) }
+func (s *Server) ClientTLS() *tls.Config {
+	cfg := s.Cert.ClientTLS(s.ServerName)
+	if s.opts.Pipe {
+		cfg.CurvePreferences = pipeCurves
+	}
+	return cfg
+}
+
+// pipeCurves are the key exchanges of a Pipe server and its ClientTLS: X25519
+// alone, without the default post-quantum hybrid, whose keys cost several times
+// as much CPU. Tests under synctest (the regime tests dial hundreds of
+// connections) are about the pool, not the key exchange, and their run time is
+// nothing but CPU.
+var pipeCurves = []tls.CurveID{tls.X25519}
 
 // Queries returns how many queries the server received.
 func (s *Server) Queries() int64 { return s.queries.Load() }
