@@ -195,29 +195,31 @@ type outcome struct {
 // wins reports whether o ends the query: an answer whose rcode is not a failover one.
 func (f *DoTForward) wins(o outcome) bool { return o.err == nil && !f.failover[o.ret.Rcode] }
 
-// attempt sends r to list[i] and returns its outcome. With hedging allowed
-// (*hedge, at least two attempts left), it races list[i] against the next
-// upstream of the list: then it returns the winner's outcome alone, or both
-// outcomes in list order when neither won, which is what the loop would have got
-// from trying them in turn. *hedge is cleared once a hedge was sent.
-func (f *DoTForward) attempt(ctx context.Context, r *dns.Msg, deadline time.Time, list []*upstream, i int, hedge *bool, left int) ([2]outcome, int) {
-	u := list[i]
-	if !*hedge || len(list) < 2 || left < 2 {
-		ret, err := u.exchange(ctx, r, deadline)
-		return [2]outcome{{u: u, ret: ret, err: err}}, 1
-	}
-	outs, n, sent := f.race(ctx, r, deadline, u, list[(i+1)%len(list)])
+// hedged sends r to the route's next upstream and races it against the one
+// after it in the list. The route settles the winner's outcome alone, or both
+// outcomes in list order when neither won, which is what it would have got from
+// trying them in turn. The route's hedge is spent once one was sent.
+func (f *DoTForward) hedged(ctx context.Context, r *dns.Msg, deadline time.Time, rt *route) (ret *dns.Msg, done bool, err error) {
+	var outs [2]outcome
+	u, v := rt.list[rt.i], rt.list[(rt.i+1)%len(rt.list)]
+	n, sent := f.race(ctx, r, deadline, u, v, &outs)
 	if sent {
-		*hedge = false
+		rt.hedge = false
 	}
-	return outs, n
+	for _, o := range outs[:n] {
+		if ret, done, err := f.settle(ctx, rt, o); done {
+			return ret, done, err
+		}
+	}
+	return nil, false, nil
 }
 
 // race sends r to u and, if no answer came within the hedge delay, to v as well
-// (when v is up and the budget allows). It returns the first valid answer's
-// outcome; if neither exchange won, both outcomes, u's first; sent reports whether
-// the hedge went out. Both exchanges have returned when race does.
-func (f *DoTForward) race(ctx context.Context, r *dns.Msg, deadline time.Time, u, v *upstream) (outs [2]outcome, n int, sent bool) {
+// (when v is up and the budget allows). It puts the first valid answer's outcome
+// in outs; if neither exchange won, both outcomes, u's first; n says how many,
+// and sent whether the hedge went out. Both exchanges have returned when race
+// does.
+func (f *DoTForward) race(ctx context.Context, r *dns.Msg, deadline time.Time, u, v *upstream, outs *[2]outcome) (n int, sent bool) {
 	firstCtx, cancelFirst := context.WithCancel(ctx)
 	defer cancelFirst()
 	h := &hedgeRun{f: f, v: v, r: ownOPT(r), deadline: deadline, parent: ctx, cancelFirst: cancelFirst, done: make(chan outcome, 1)}
@@ -227,8 +229,9 @@ func (f *DoTForward) race(ctx context.Context, r *dns.Msg, deadline time.Time, u
 	start := time.Now()
 	ret, err := u.exchange(firstCtx, r, deadline)
 	first := outcome{u: u, ret: ret, err: err}
+	outs[0] = first
 	if t.Stop() {
-		return [2]outcome{first}, 1, false // answered (or failed) before the delay
+		return 1, false // answered (or failed) before the delay
 	}
 	if f.wins(first) {
 		h.stop() // the hedge, if it went out, has lost
@@ -236,10 +239,10 @@ func (f *DoTForward) race(ctx context.Context, r *dns.Msg, deadline time.Time, u
 	second := <-h.done // bounded: the hedge ends at its deadline, or at once when stopped
 	switch {
 	case second.u == nil: // not sent: v was down or the budget spent
-		return [2]outcome{first}, 1, false
+		return 1, false
 	case f.wins(first):
 		u.obs.hedgeWinFirst.Inc()
-		return [2]outcome{first}, 1, true
+		return 1, true
 	case f.wins(second):
 		v.obs.hedgeWinHedge.Inc()
 		if errors.Is(first.err, context.Canceled) && ctx.Err() == nil {
@@ -248,9 +251,11 @@ func (f *DoTForward) race(ctx context.Context, r *dns.Msg, deadline time.Time, u
 			// about the slow answers it no longer sees.
 			u.hedgeDelay.observe(time.Since(start))
 		}
-		return [2]outcome{second}, 1, true
+		outs[0] = second
+		return 1, true
 	}
-	return [2]outcome{first, second}, 2, true
+	outs[1] = second
+	return 2, true
 }
 
 // ownOPT returns a shallow copy of r with a copy of its OPT record, made before

@@ -165,65 +165,35 @@ func (f *DoTForward) release() {
 // never written (see unsent), and it is never hedged.
 //
 // With hedge, an attempt without an answer after the hedge delay races the next
-// upstream of the list (see attempt): the loop then gets the winner's outcome, or
-// both outcomes in list order, and handles each as if it had tried them in turn.
-// Each of two outcomes is list[i] when its turn comes: the hedge went to
-// list[i+1], and handling the first outcome either moves i on or removes list[i].
-// A lone outcome of the hedge is a winner, returned at once.
+// upstream of the list (see hedged): the route then settles the winner's
+// outcome, or both outcomes in list order, as if it had tried them in turn.
 func (f *DoTForward) forward(ctx context.Context, r *dns.Msg, deadline time.Time) (*dns.Msg, error) {
-	list, err := f.candidates()
-	if err != nil {
+	var rt route
+	if err := f.startRoute(&rt, r); err != nil {
 		return nil, err
 	}
-	once := r.Opcode != dns.OpcodeQuery
-	hedge := f.hedge != nil && !once // cleared once the query's one hedge is sent
-	if hedge {
-		f.hedge.budget.count()
-	}
-	var held *dns.Msg             // the last failover answer
-	var heldFrom, tried *upstream // who sent held; the last upstream tried
-	lastErr := ErrNoHealthy
-	for i, attempts := 0, 0; len(list) > 0 && (f.maxAttempts == 0 || attempts < f.maxAttempts); {
+	// This frame is on the stack all through the exchange, which runs deep on the
+	// client's query's own goroutine: past 4 KB the runtime copies the stack, a
+	// few microseconds per query. So the way through the upstreams is kept in rt,
+	// and handled by settle and end, out of line.
+	for rt.more(f.maxAttempts) {
 		if err := expired(ctx, deadline); err != nil {
-			lastErr = withLast(err, lastErr)
+			rt.lastErr = withLast(err, rt.lastErr)
 			break
 		}
-		i %= len(list)
-		outs, n := f.attempt(ctx, r, deadline, list, i, &hedge, f.attemptsLeft(attempts))
-		for _, o := range outs[:n] {
-			attempts++
-			i %= len(list)
-			u, ret, err := o.u, o.ret, o.err
-			tried = u
-			switch {
-			case err == nil && (once || !f.failover[ret.Rcode]):
-				setUpstream(ctx, u)
-				return ret, nil
-			case err == nil:
-				held, heldFrom = ret, u
-			case errors.Is(err, dot.ErrBadQuery):
-				setUpstream(ctx, u)
-				return nil, err
-			default:
-				lastErr = upstreamError(u.addr, err)
-				if once && !unsent(err) {
-					setUpstream(ctx, u)
-					return nil, lastErr
-				}
-				if retryable(err) {
-					i++
-					continue
-				}
+		if rt.hedging(f.attemptsLeft(rt.attempts)) {
+			if ret, done, err := f.hedged(ctx, r, deadline, &rt); done {
+				return ret, err
 			}
-			list = append(list[:i], list[i+1:]...)
+			continue
+		}
+		u := rt.list[rt.i]
+		ret, err := u.exchange(ctx, r, deadline)
+		if ret, done, err := f.settle(ctx, &rt, outcome{u: u, ret: ret, err: err}); done {
+			return ret, err
 		}
 	}
-	if held != nil {
-		setUpstream(ctx, heldFrom)
-		return held, nil
-	}
-	setUpstream(ctx, tried)
-	return nil, lastErr
+	return rt.end(ctx)
 }
 
 // attemptsLeft is how many attempts max_connect_attempts still allows after

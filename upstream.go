@@ -143,23 +143,34 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 	}()
 	ret, err := p.ExchangeDeadline(ctx, r, deadline)
 	end = time.Now()
-	took := end.Sub(start)
+	// When the caller's deadline or cancellation cut the attempt short, the pool
+	// may report it as its own timeout: neither says anything about the upstream.
+	u.learn(end.Sub(start), err, ctx.Err() == nil && end.Before(deadline))
 	if err != nil {
-		// When the caller's deadline or cancellation cut the attempt short, the
-		// pool may report it as its own timeout: neither says anything about the
-		// upstream, so only failures with time left count.
-		if ctx.Err() == nil && end.Before(deadline) {
+		return nil, err
+	}
+	return ret, nil
+}
+
+// learn updates health and the latency estimates after an exchange that took
+// took and ended with err; only a failure with time left (timeLeft) counts as
+// one. It is out of line, so that exchange's frame, on the stack all through
+// the pool's work, stays small (see forward).
+//
+//go:noinline
+func (u *upstream) learn(took time.Duration, err error, timeLeft bool) {
+	if err != nil {
+		if timeLeft {
 			u.failed(err, took)
 		}
 		if errors.Is(err, dot.ErrTimeout) {
 			u.hedgeDelay.observe(took) // no answer after took: a lower bound of one
 		}
-		return nil, err
+		return
 	}
 	u.health.answered()
 	u.observeRTT(took)
 	u.hedgeDelay.observe(took)
-	return ret, nil
 }
 
 // failed records a failed exchange for the latency estimate. Health is not

@@ -110,15 +110,15 @@ var errLeaderGone = errors.New("dot: the query shared gave up")
 // reaching the caller's deadline.
 var errWaitDeadline = fmt.Errorf("%w: %w", ErrTimeout, context.DeadlineExceeded)
 
-// exchangeShared runs q as the leader of a flight, or waits for the leader of the
-// flight it joins. A waiter whose leader gave up tries again while it has time.
-func (p *Pool) exchangeShared(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, error) {
+// joinFlight waits for the leader of the flight q joins, and a waiter whose
+// leader gave up tries again while it has time. done is false when q is to run
+// its exchange itself, as the leader of a new flight or alone; the caller then
+// calls flights.fail with its outcome.
+func (p *Pool) joinFlight(ctx context.Context, q *query, deadline time.Time) (r *dns.Msg, done bool, err error) {
 	for {
 		w := p.flights.join(q)
 		if w == nil {
-			r, err := p.exchange(ctx, q, deadline)
-			p.flights.fail(q, err)
-			return r, err
+			return nil, false, nil
 		}
 		r, err := w.wait(ctx, deadline)
 		switch {
@@ -126,13 +126,13 @@ func (p *Pool) exchangeShared(ctx context.Context, q *query, deadline time.Time)
 			if o, ok := p.obs.(CoalesceObserver); ok {
 				o.Coalesced()
 			}
-			return r, nil
+			return r, true, nil
 		case !errors.Is(err, errLeaderGone):
-			return nil, err
+			return nil, true, err
 		case ctx.Err() != nil:
-			return nil, ctx.Err()
+			return nil, true, ctx.Err()
 		case !deadline.IsZero() && !time.Now().Before(deadline):
-			return nil, errWaitDeadline
+			return nil, true, errWaitDeadline
 		}
 	}
 }

@@ -25,10 +25,18 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 	if err != nil {
 		return nil, err
 	}
-	if p.flights != nil {
-		return p.exchangeShared(ctx, q, deadline) // coalesce.go: identical queries go upstream once
+	if p.flights == nil {
+		return p.exchange(ctx, q, deadline)
 	}
-	return p.exchange(ctx, q, deadline)
+	// coalesce.go: identical queries go upstream once. The leader's exchange runs
+	// from this frame rather than from one more below it: this goroutine's stack
+	// is the client's query's, and a deeper one costs a stack copy per query.
+	if r, done, err := p.joinFlight(ctx, q, deadline); done {
+		return r, err
+	}
+	r, err := p.exchange(ctx, q, deadline)
+	p.flights.fail(q, err)
+	return r, err
 }
 
 // exchange runs q's attempts: moves to another connection, a rescue from a

@@ -49,11 +49,18 @@ func hopByHop(code uint16) bool {
 // A transaction signature (TSIG, SIG(0)) in m is removed: it covers the message ID,
 // which the pool rewrites, so the upstream could only reject it, and its answer
 // would be signed over an ID the client never sent. The query goes unsigned.
-func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
+func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (q *query, err error) {
 	if err := CheckQuery(m); err != nil {
 		return nil, err
 	}
-	q := &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
+	// Here rather than in packQuery and repack, whose frames are deeper on the
+	// client's query's stack (see ExchangeDeadline).
+	defer func() {
+		if r := recover(); r != nil {
+			q, err = nil, panicked(r)
+		}
+	}()
+	q = &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
 	wire, err := packQuery(m, q.room[:])
 	if err != nil {
 		return nil, err
@@ -162,14 +169,10 @@ func checkRecord(rr dns.RR, additional bool) error {
 
 // packQuery packs m into buf behind two bytes of room for the length prefix; the
 // options rewriteOPT appends go in buf's spare room, or past it in a new array.
-func packQuery(m *dns.Msg, buf []byte) (wire []byte, err error) {
-	// miekg/dns panics on records CheckQuery does not look into (a nil EDNS0 option,
-	// say): a query is input, and gets an error.
-	defer func() {
-		if r := recover(); r != nil {
-			wire, err = nil, panicked(r)
-		}
-	}()
+//
+// miekg/dns panics on records CheckQuery does not look into (a nil EDNS0 option,
+// say): a query is input, and gets an error. The caller recovers (prepareQuery).
+func packQuery(m *dns.Msg, buf []byte) ([]byte, error) {
 	msg, err := m.PackBuffer(buf[2:])
 	if err != nil {
 		return nil, wrap(ErrBadQuery, err)
