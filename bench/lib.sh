@@ -157,3 +157,18 @@ render() {
 	sed "${sedargs[@]}" "$tpl" >"$out"
 	if grep -q '@[A-Z_]*@' "$out"; then die "unfilled placeholder in $out: $(grep -o '@[A-Z_]*@' "$out" | head -1)"; fi
 }
+
+# last_fields FILE FIELD...: the numeric FIELDs of FILE's last JSON line, in
+# order, space-separated ("?" for a missing one): for the progress log lines.
+last_fields() {
+	local f=$1
+	shift
+	tail -n 1 "$f" | awk -v names="$*" '{
+		n = split(names, k, " ")
+		for (i = 1; i <= n; i++) {
+			v = "?"
+			if (match($0, "\"" k[i] "\":[0-9.e+-]+")) v = substr($0, RSTART + length(k[i]) + 3, RLENGTH - length(k[i]) - 3)
+			printf "%s%s", v, (i < n ? " " : "\n")
+		}
+	}'
+}

@@ -348,11 +348,9 @@ measure() {
 	rm -f "$WORK/$tag.out"
 	stop_pid "$FRONT_PID"
 	if [ "$kind" = churn ]; then stop_pid "$FAKE_PID"; fi
-	log "$(tail -n 1 "$WORK/raw.jsonl" | awk -v t="$tag" '{
-		match($0, /"qps":[0-9.e+-]+/); q = substr($0, RSTART + 6, RLENGTH - 6)
-		match($0, /"cpu_us_per_query":[0-9.e+-]+/); c = substr($0, RSTART + 19, RLENGTH - 19)
-		match($0, /"lost":[0-9.e+-]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
-		printf "%-34s %8.0f qps  lost %s  cpu %.1f us/q", t, q, l, c }')"
+	local q c l
+	read -r q c l < <(last_fields "$WORK/raw.jsonl" qps cpu_us_per_query lost)
+	log "$(printf '%-34s %8.0f qps  lost %s  cpu %.1f us/q' "$tag" "$q" "$l" "$c")"
 }
 
 # rotated ROUND WORDS...: WORDS rotated left by ROUND-1, so that no mode always
@@ -647,12 +645,9 @@ regime_run() {
 	stop_pid "$FRONT_PID"
 	local p
 	for p in "${REG_STOP[@]}"; do stop_pid "$p"; done
-	log "$(tail -n 1 "$WORK/regimes.jsonl" | awk -v t="$tag" -v c="$cmed/$cmax" -v d="$dials" '{
-		match($0, /"qps":[0-9.e+-]+/); q = substr($0, RSTART + 6, RLENGTH - 6)
-		match($0, /"p50_ms":[0-9.e+-]+/); p5 = substr($0, RSTART + 9, RLENGTH - 9)
-		match($0, /"p99_ms":[0-9.e+-]+/); p9 = substr($0, RSTART + 9, RLENGTH - 9)
-		match($0, /"lost":[0-9.e+-]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
-		printf "%-40s %7.0f qps  p50 %.2f ms  p99 %.1f ms  lost %s  conns %s  dials %s", t, q, p5, p9, l, c, d }')"
+	local q p5 p9 l
+	read -r q p5 p9 l < <(last_fields "$WORK/regimes.jsonl" qps p50_ms p99_ms lost)
+	log "$(printf '%-40s %7.0f qps  p50 %.2f ms  p99 %.1f ms  lost %s  conns %s  dials %s' "$tag" "$q" "$p5" "$p9" "$l" "$cmed/$cmax" "$dials")"
 }
 
 # phase_regimes runs forward tls:// and dotforward side by side in each of
@@ -751,14 +746,9 @@ hedge_run() {
 	stop_pid "$FRONT_PID"
 	stop_pid "$b_pid"
 	stop_pid "$a_pid"
-	log "$(tail -n 1 "$WORK/hedge.jsonl" | awk -v t="$tag" '{
-		match($0, /"p50_ms":[0-9.e+-]+/); p5 = substr($0, RSTART + 9, RLENGTH - 9)
-		match($0, /"p99_ms":[0-9.e+-]+/); p9 = substr($0, RSTART + 9, RLENGTH - 9)
-		match($0, /"p999_ms":[0-9.e+-]+/); p99 = substr($0, RSTART + 10, RLENGTH - 10)
-		match($0, /"b_queries":[0-9.e+-]+/); b = substr($0, RSTART + 12, RLENGTH - 12)
-		match($0, /"sent":[0-9.e+-]+/); n = substr($0, RSTART + 7, RLENGTH - 7)
-		match($0, /"lost":[0-9.e+-]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
-		printf "%-20s p50 %.2f ms  p99 %.1f ms  p99.9 %.1f ms  B %d of %d sent  lost %s", t, p5, p9, p99, b, n, l }')"
+	local p5 p9 p99 b n l
+	read -r p5 p9 p99 b n l < <(last_fields "$WORK/hedge.jsonl" p50_ms p99_ms p999_ms b_queries sent lost)
+	log "$(printf '%-20s p50 %.2f ms  p99 %.1f ms  p99.9 %.1f ms  B %d of %d sent  lost %s' "$tag" "$p5" "$p9" "$p99" "$b" "$n" "$l")"
 }
 
 # phase_hedge measures issue 16's tail-latency regime for each of
