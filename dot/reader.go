@@ -87,6 +87,10 @@ func (c *conn) dispatch(frame []byte) {
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
 	}
 	first := drop < 0 && c.answered == 1
+	// A record trial learns from any answer to its queries, also to one whose
+	// caller gave up or whose rescue won: the upstream read and served it.
+	// Waiting for trialTimeout instead would hold the connection's writes.
+	trial := ok && cl.trial && (drop < 0 || drop == DropLate || drop == DropRescued)
 	drain := c.drainedLocked()
 	c.mu.Unlock()
 
@@ -97,9 +101,9 @@ func (c *conn) dispatch(frame []byte) {
 		c.pool.obs.Dropped(drop)
 	} else {
 		c.deliver(cl, frame)
-		if cl.trial {
-			c.trialAnswered(cl)
-		}
+	}
+	if trial {
+		c.trialAnswered(cl)
 	}
 	if drain >= 0 {
 		c.closeFor(errDrained, drain)

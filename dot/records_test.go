@@ -1,15 +1,18 @@
 package dot
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
 )
 
 // A "one per record" verdict holds 30 s, then twice as long with each one in a
@@ -103,4 +106,61 @@ func verdicts(r *recorder) []bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.verdicts)
+}
+
+// A record trial ends on its queries' answers even when their callers no longer
+// wait for them (gave up, or a rescue won): the upstream read both, so records
+// can be shared, and the connection's next queries go out at once rather than
+// after trialTimeout. (Before, such a trial held a connection's writes for
+// 250 ms while queries kept being queued on it.)
+func TestTrialEndsOnAnswersNobodyWaitsFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const slow = 60 * time.Millisecond
+		delay := func(q dns.Question) time.Duration {
+			if strings.HasPrefix(q.Name, "gone") {
+				return slow
+			}
+			return 0
+		}
+		s := startPipe(t, dottest.Options{Delay: delay})
+		g := newPipeGate(s)
+		p, rec := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		g.hold()
+		var wg sync.WaitGroup
+		wg.Go(func() { exchange(p, "first.example.") })
+		<-g.entered // the first query's write is blocked: the rest queue as one batch
+		// The trial's two queries, whose callers give up long before the answers come.
+		for i := range 2 {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), slow/3)
+				defer cancel()
+				p.Exchange(ctx, newQuery(fmt.Sprintf("gone%d.example.", i), dns.TypeA))
+			})
+			waitFor(t, "the query to be queued", func() bool { return p.Stats().Inflight == 2+i })
+		}
+		var took [3]time.Duration
+		for i := range took {
+			wg.Go(func() {
+				start := time.Now()
+				if _, err := exchange(p, fmt.Sprintf("next%d.example.", i)); err != nil {
+					t.Errorf("next%d: %v", i, err)
+				}
+				took[i] = time.Since(start)
+			})
+		}
+		waitFor(t, "all queries to be queued", func() bool { return p.Stats().Inflight == 6 })
+		g.release()
+		wg.Wait()
+		if v := verdicts(rec); len(v) != 1 || !v[0] {
+			t.Errorf("Verdicts reported = %v, want [true]: the server answered both trial queries", v)
+		}
+		for i, d := range took {
+			if d > 2*slow {
+				t.Errorf("next%d took %v, want the trial's %v at most: the trial held the connection", i, d, slow)
+			}
+		}
+	})
 }
