@@ -19,6 +19,8 @@
 #     commit's make build): adds mode dotforward-base, the same Corefile on that binary,
 #     so a change is measured against its base in one run; BENCH_BASE_LABEL names it
 #   BENCH_PHASES="throughput latency churn regimes hedge profile micro"
+#   BENCH_LATENCY_QPS=""    the latency phase's offered rate; default half of forward UDP's
+#     median throughput (which needs the throughput phase and mode fwd-udp)
 #   BENCH_CHURN_AFTER=100   answers per connection in the churn run
 #   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
 #   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
@@ -372,9 +374,13 @@ phase_throughput() {
 
 phase_latency() {
 	local r m half
-	has_mode fwd-udp || { log "latency phase needs mode fwd-udp for its rate; skipped"; return; }
-	half=$("$WORK/benchtool" median -in "$WORK/raw.jsonl" -kind throughput -mode fwd-udp -field qps)
-	OFFERED_QPS=$((half / 2))
+	if [ -n "${BENCH_LATENCY_QPS:-}" ]; then
+		OFFERED_QPS=$BENCH_LATENCY_QPS
+	else
+		has_mode fwd-udp || { log "latency phase needs mode fwd-udp for its rate (or BENCH_LATENCY_QPS); skipped"; return; }
+		half=$("$WORK/benchtool" median -in "$WORK/raw.jsonl" -kind throughput -mode fwd-udp -field qps)
+		OFFERED_QPS=$((half / 2))
+	fi
 	for ((r = 1; r <= BENCH_ROUNDS; r++)); do
 		log "latency round $r/$BENCH_ROUNDS at $OFFERED_QPS qps offered"
 		for m in $(rotated "$r" $BENCH_MODES); do
