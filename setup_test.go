@@ -2,16 +2,18 @@ package dotforward
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/plugin"
+	"github.com/coredns/coredns/plugin/pkg/dnstest"
+	"github.com/coredns/coredns/plugin/test"
 
 	"github.com/dotforward/dotforward/dot/dottest"
 	"github.com/miekg/dns"
@@ -362,6 +364,34 @@ func TestChaosClassEnabled(t *testing.T) {
 	}
 }
 
+// CoreDNS's server refuses queries of a class other than IN unless a plugin of the
+// server block is listed in dnsserver.EnableChaos, as forward is: through a real
+// server, a CH query reaches the upstream and its answer the client.
+func TestServerForwardsChaosClass(t *testing.T) {
+	cert := testCert(t)
+	s := startServer(t, cert, dottest.Options{})
+	f := newForward(t, cert, "", s.Addr)
+	cfg := &dnsserver.Config{Zone: ".", Transport: "dns", ListenHosts: []string{"127.0.0.1"}, Port: "0"}
+	cfg.AddPlugin(func(plugin.Handler) plugin.Handler { return f })
+	srv, err := dnsserver.NewServer("dns://127.0.0.1:0", []*dnsserver.Config{cfg})
+	if err != nil {
+		t.Fatalf("Creating a CoreDNS server: %v", err)
+	}
+	for _, class := range []uint16{dns.ClassCHAOS, dns.ClassANY} {
+		m := newMsg("version.bind.", dns.TypeTXT)
+		m.Question[0].Qclass = class
+		before := s.Queries()
+		rec := dnstest.NewRecorder(&test.ResponseWriter{})
+		srv.ServeDNS(context.Background(), rec, m)
+		if rec.Msg == nil || rec.Msg.Rcode != dns.RcodeSuccess {
+			t.Errorf("Class %s: expected the upstream's NOERROR answer, got %v", dns.ClassToString[class], rec.Msg)
+		}
+		if got := s.Queries() - before; got != 1 {
+			t.Errorf("Class %s: expected the query forwarded once, the upstream got %d", dns.ClassToString[class], got)
+		}
+	}
+}
+
 // FuzzParse checks that no input makes the parser panic; the seeds are the table.
 func FuzzParse(f *testing.F) {
 	for _, tc := range setupCases(f) {
@@ -370,15 +400,6 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(_ *testing.T, input string) {
 		_, _ = parse(caddy.NewTestController("dns", input))
 	})
-}
-
-func writeFile(t testing.TB, dir, name string, data []byte) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		t.Fatalf("Writing %s: %v", p, err)
-	}
-	return p
 }
 
 func only(t *testing.T, fs []*DoTForward) *DoTForward {
