@@ -21,6 +21,7 @@
 #   BENCH_PHASES="throughput latency churn regimes hedge profile micro"
 #   BENCH_LATENCY_QPS=""    the latency phase's offered rate; default half of forward UDP's
 #     median throughput (which needs the throughput phase and mode fwd-udp)
+#   BENCH_PROFILE_QPS=""    the profile phase's offered rate (default: as fast as it goes, the throughput load)
 #   BENCH_CHURN_AFTER=100   answers per connection in the churn run
 #   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
 #   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
@@ -406,8 +407,8 @@ phase_churn() {
 }
 
 # phase_profile takes a CPU profile of CoreDNS in each of $BENCH_PROFILE_MODES
-# under the throughput load (separate runs, not measured ones) and keeps pprof's
-# top functions in bench/results/profile-MODE.txt.
+# under the throughput load, or at BENCH_PROFILE_QPS (separate runs, not measured
+# ones), and keeps pprof's top functions in bench/results/profile-MODE.txt.
 phase_profile() {
 	local m secs=$((BENCH_SECONDS > 4 ? BENCH_SECONDS - 2 : 2))
 	UPSTREAM_ADDR=127.0.0.1:$DOT_PORT
@@ -417,7 +418,7 @@ phase_profile() {
 		has_mode "$m" || continue
 		start_front "$m"
 		log "profiling $m for $secs s"
-		dnsperf_run "$WORK/profile-$m.dnsperf" $((secs + 3))
+		dnsperf_run "$WORK/profile-$m.dnsperf" $((secs + 3)) ${BENCH_PROFILE_QPS:+-Q "$BENCH_PROFILE_QPS"}
 		sleep 1
 		PPROF_TMPDIR=$WORK timeout $((secs + 30)) go tool pprof -seconds "$secs" -proto -output "$WORK/$m.pprof" \
 			"http://127.0.0.1:$PPROF_PORT/debug/pprof/profile" >"$WORK/pprof.err" 2>&1 || true

@@ -5,24 +5,31 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // batchConn sits between a tls.Conn and its socket. While the writer has a batch
 // open, the records TLS writes are gathered and sent with one syscall when the
 // batch is flushed; outside a batch (the handshake, alerts) writes go straight
 // through. So however a burst of queries is framed into records (see framing), it
-// costs one write.
+// costs one write. Every write to the socket is bounded by timeout (see
+// armLocked).
 type batchConn struct {
 	net.Conn
 	rc       syscall.RawConn // the socket, when Conn has one: for setQuickAck
+	timeout  time.Duration   // bounds each write to the socket (Config.WriteTimeout)
 	flushes  atomic.Uint64   // batches written
 	acked    uint64          // reader only: flushes when quick ACKs were last armed
+	killed   atomic.Bool     // kill was called: writes fail from now on
 	mu       sync.Mutex
-	batching bool   // guarded by mu
-	buf      []byte // guarded by mu
-	err      error  // guarded by mu: the first write error, sticky
+	batching bool      // guarded by mu
+	buf      []byte    // guarded by mu
+	err      error     // guarded by mu: the first write error, sticky
+	until    time.Time // guarded by mu: the write deadline armed on Conn
 }
 
+// Write is how crypto/tls writes: into the open batch, else (the handshake,
+// alerts, the reply to a KeyUpdate) straight to the socket.
 func (b *batchConn) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -33,6 +40,7 @@ func (b *batchConn) Write(p []byte) (int, error) {
 		b.buf = append(b.buf, p...)
 		return len(p), nil
 	}
+	b.armLocked(time.Now())
 	n, err := b.Conn.Write(p)
 	if err != nil {
 		b.err = err
@@ -60,12 +68,14 @@ func (b *batchConn) begin() {
 	b.mu.Unlock()
 }
 
-// flush closes the batch and writes what it gathered in one call.
-func (b *batchConn) flush() error {
+// flush closes the batch and writes what it gathered in one call; now is the
+// time of the write.
+func (b *batchConn) flush(now time.Time) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.batching = false
 	if len(b.buf) > 0 && b.err == nil {
+		b.armLocked(now)
 		if _, err := b.Conn.Write(b.buf); err != nil {
 			b.err = err
 		}
@@ -73,6 +83,31 @@ func (b *batchConn) flush() error {
 	}
 	b.buf = b.buf[:0]
 	return b.err
+}
+
+// armLocked makes sure that the socket's write deadline is at least half the
+// timeout after now, before a write: a write to a peer that does not read fails
+// after timeout/2 to timeout. The deadline moves only when it comes that close,
+// and stays armed in between. Moving it re-arms a runtime timer: clearing it
+// after every flush and setting it before the next cost 15 µs of median latency
+// and 1.6 % of CPU per query at 11,500 QPS (make bench's latency phase). Left
+// armed over an idle spell, it fails no write: every write comes through Write
+// or flush, which arm it first. After kill, it is left in the past. b.mu must be
+// held.
+func (b *batchConn) armLocked(now time.Time) {
+	if b.timeout <= 0 || b.killed.Load() || b.until.Sub(now) >= b.timeout/2 {
+		return
+	}
+	b.until = now.Add(b.timeout)
+	b.Conn.SetWriteDeadline(b.until)
+}
+
+// kill fails the write blocked now, if any, and every later one: the
+// connection is closing, and its peer may not read. It does not wait for mu,
+// which a blocked write holds.
+func (b *batchConn) kill() {
+	b.killed.Store(true)
+	b.Conn.SetWriteDeadline(time.Unix(1, 0))
 }
 
 // unread reports whether the socket holds bytes nobody has read yet: then a

@@ -41,7 +41,8 @@ type Config struct {
 	// ReadTimeout bounds one attempt: from the query being queued until its answer.
 	// Default 2s.
 	ReadTimeout time.Duration
-	// WriteTimeout bounds one coalesced write to the socket. Default 2s.
+	// WriteTimeout bounds each write to the socket: one to a peer that does not
+	// read fails after half of it to all of it (see batchConn.armLocked). Default 2s.
 	WriteTimeout time.Duration
 	// StallTimeout declares a connection dead when it has read nothing for this long
 	// while its oldest outstanding query was written at least this long ago.

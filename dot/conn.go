@@ -325,7 +325,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	// blocked on a peer that does not read (the writer's, or crypto/tls's own reply
 	// to a post-handshake message, which the reader makes).
 	c.tc.SetReadDeadline(time.Unix(1, 0))
-	c.tc.SetWriteDeadline(time.Unix(1, 0))
+	c.bc.kill()
 	// The pool forgets the connection, learns from its end and arms its backoff
 	// before the queries move on, so that where they go reflects all of that.
 	if wasOpen {

@@ -2,7 +2,6 @@ package dot
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -180,52 +179,6 @@ func TestConnLifeFailed(t *testing.T) {
 			t.Errorf("%+v closed for %v: failed = %v, want %v", tc.life, tc.reason, got, tc.want)
 		}
 	}
-}
-
-// deadlineConn records the write deadlines set on it.
-type deadlineConn struct {
-	net.Conn
-	mu   sync.Mutex
-	last time.Time // guarded by mu
-	sets int       // guarded by mu
-}
-
-func (d *deadlineConn) SetWriteDeadline(t time.Time) error {
-	d.mu.Lock()
-	d.last, d.sets = t, d.sets+1
-	d.mu.Unlock()
-	return d.Conn.SetWriteDeadline(t)
-}
-
-// The write timeout bounds our flushes only: after one, no deadline is left armed
-// to fail the writes crypto/tls makes by itself after an idle spell (the reply to
-// a KeyUpdate).
-func TestWriteDeadlineClearedAfterFlush(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{})
-	var dc *deadlineConn
-	p, _ := newTestPool(t, s, func(c *Config) {
-		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var d net.Dialer
-			raw, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			dc = &deadlineConn{Conn: raw}
-			return dc, nil
-		}
-	})
-	if _, err := exchange(p, "a.example."); err != nil {
-		t.Fatal(err)
-	}
-	// The answer may be in before the writer is back from its flush.
-	waitFor(t, "the write deadline to be cleared after the flush", func() bool {
-		dc.mu.Lock()
-		defer dc.mu.Unlock()
-		if dc.sets == 0 {
-			t.Fatal("No write deadline was ever set: the flush is unbounded")
-		}
-		return dc.last.IsZero()
-	})
 }
 
 // Closing the pool while a dial is in flight is not a failure of the upstream.

@@ -304,7 +304,7 @@ func (p *Pool) handshake() (*tls.Conn, *batchConn, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	bc := &batchConn{Conn: raw}
+	bc := &batchConn{Conn: raw, timeout: p.cfg.WriteTimeout}
 	if sc, ok := raw.(syscall.Conn); ok {
 		bc.rc, _ = sc.SyscallConn()
 	}

@@ -170,7 +170,7 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 	}
 	c.wbuf = buf[:0]
 	if n == 0 {
-		return 0, c.bc.flush()
+		return 0, c.bc.flush(time.Time{})
 	}
 	// Frames read before the write cannot be answers to it: whatever is read from
 	// now on counts as "read since it was sent". The times are taken before the
@@ -181,14 +181,9 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 		cl.sentAt.Store(now.UnixNano())
 	}
 	c.wroteAt.Store(now.UnixNano())
-	c.tc.SetWriteDeadline(now.Add(c.pool.cfg.WriteTimeout))
-	err := c.bc.flush()
+	err := c.bc.flush(now) // bounded by WriteTimeout (see batchConn.armLocked)
 	if werr != nil {
 		err = werr
 	}
-	// The deadline bounds this flush only. Left armed, it would fail the next
-	// write that crypto/tls makes on its own after an idle spell (the reply to a
-	// TLS 1.3 KeyUpdate, made by the reader) and kill a healthy connection.
-	c.tc.SetWriteDeadline(time.Time{})
 	return n, err
 }
