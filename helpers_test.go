@@ -47,8 +47,8 @@ func deadAddr(t *testing.T, cert *dottest.Cert) string {
 }
 
 // newForward parses a dotforward line for addrs with the given block options,
-// trusting cert, starts it and shuts it down when the test ends.
-func newForward(t *testing.T, cert *dottest.Cert, options string, addrs ...string) *DoTForward {
+// trusting cert, starts it and shuts it down when the test or benchmark ends.
+func newForward(t testing.TB, cert *dottest.Cert, options string, addrs ...string) *DoTForward {
 	t.Helper()
 	ca := writeFile(t, t.TempDir(), "ca.pem", cert.CAPEM)
 	to := ""
@@ -96,7 +96,7 @@ func newMsg(name string, qtype uint16) *dns.Msg {
 // waitFor and checkNoPoolGoroutines are dottest's, under the names the tests use.
 func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); dottest.WaitFor(t, what, cond) }
 
-func checkNoPoolGoroutines(t *testing.T) { t.Helper(); dottest.CheckNoPoolGoroutines(t) }
+func checkNoPoolGoroutines(t testing.TB) { t.Helper(); dottest.CheckNoPoolGoroutines(t) }
 
 func rcodeAnswer(rcode int) func(q *dns.Msg) *dns.Msg {
 	return func(q *dns.Msg) *dns.Msg {

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/plugin/pkg/dnstest"
 	"github.com/coredns/coredns/plugin/test"
 
@@ -231,7 +229,7 @@ func BenchmarkPolicies(b *testing.B) {
 		b.Run(policy, func(b *testing.B) {
 			slow := dottest.Start(b, dottest.Options{Cert: cert, Delay: delay(20 * time.Millisecond)})
 			fast := dottest.Start(b, dottest.Options{Cert: cert, Delay: delay(time.Millisecond)})
-			f := benchForward(b, cert, "policy "+policy, slow.Addr, fast.Addr)
+			f := newForward(b, cert, "policy "+policy, slow.Addr, fast.Addr)
 			var mu sync.Mutex
 			var took []time.Duration
 			b.SetParallelism(8)
@@ -262,23 +260,4 @@ func BenchmarkPolicies(b *testing.B) {
 			b.ReportMetric(float64(fast.Queries())/float64(fast.Queries()+slow.Queries()), "fast-share")
 		})
 	}
-}
-
-// benchForward is newForward for benchmarks.
-func benchForward(b *testing.B, cert *dottest.Cert, options string, addrs ...string) *DoTForward {
-	b.Helper()
-	ca := writeFile(b, b.TempDir(), "ca.pem", cert.CAPEM)
-	to := ""
-	for _, a := range addrs {
-		to += " tls://" + strings.Replace(a, ":", "%"+dottest.ServerName+":", 1)
-	}
-	fs, err := parse(caddy.NewTestController("dns", fmt.Sprintf("dotforward .%s {\ntls %s\n%s\n}", to, ca, options)))
-	if err != nil {
-		b.Fatalf("Parsing: %v", err)
-	}
-	if err := fs[0].OnStartup(); err != nil {
-		b.Fatalf("Starting: %v", err)
-	}
-	b.Cleanup(func() { fs[0].OnShutdown() })
-	return fs[0]
 }
