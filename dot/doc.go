@@ -22,7 +22,8 @@
 //   - conn.go: a connection: its call table, IDs, states (open, draining, closed).
 //   - writer.go, reader.go: a connection's two goroutines.
 //   - records.go: how a batch of queries is framed into TLS records, and the trial.
-//   - batchconn.go: the socket under TLS: one write per batch, quick ACKs.
+//   - batchconn.go: the socket under TLS: one write per batch, the write deadline
+//     (armed ahead, see armLocked), quick ACKs.
 //   - sweep.go: the pool's timer: every tick (fast while queries are out) the
 //     watch for blocked connections and the sizing; every sweepInterval timeouts,
 //     tombstones, stall, drain, idle, and learning.
