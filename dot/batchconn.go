@@ -68,14 +68,13 @@ func (b *batchConn) begin() {
 	b.mu.Unlock()
 }
 
-// flush closes the batch and writes what it gathered in one call; now is the
-// time of the write.
-func (b *batchConn) flush(now time.Time) error {
+// flush closes the batch and writes what it gathered in one call.
+func (b *batchConn) flush() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.batching = false
 	if len(b.buf) > 0 && b.err == nil {
-		b.armLocked(now)
+		b.armLocked(time.Now())
 		if _, err := b.Conn.Write(b.buf); err != nil {
 			b.err = err
 		}

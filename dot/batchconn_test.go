@@ -41,7 +41,7 @@ func TestWriteToPeerThatDoesNotReadTimesOut(t *testing.T) {
 			if batched {
 				bc.begin()
 				bc.Write(big)
-				err = bc.flush(start)
+				err = bc.flush()
 			} else {
 				_, err = bc.Write(big)
 			}
@@ -68,7 +68,7 @@ func TestWriteDeadlineArmedAhead(t *testing.T) {
 		for i := range 100 { // 100 flushes within one timeout
 			bc.begin()
 			bc.Write([]byte("query"))
-			if err := bc.flush(time.Now()); err != nil {
+			if err := bc.flush(); err != nil {
 				t.Fatalf("Flush %d: %v", i, err)
 			}
 			time.Sleep(timeout / 100)
@@ -80,6 +80,12 @@ func TestWriteDeadlineArmedAhead(t *testing.T) {
 		time.Sleep(10 * timeout)
 		if _, err := bc.Write([]byte("reply to a KeyUpdate")); err != nil {
 			t.Errorf("Write after an idle spell: %v, want it written", err)
+		}
+		time.Sleep(10 * timeout)
+		bc.begin()
+		bc.Write([]byte("query"))
+		if err := bc.flush(); err != nil {
+			t.Errorf("Flush after an idle spell: %v, want it written", err)
 		}
 	})
 }
@@ -98,7 +104,7 @@ func TestKillFailsBlockedAndLaterWrites(t *testing.T) {
 		go func() {
 			bc.begin()
 			bc.Write(make([]byte, 2*dottest.PipeBuffer)) // more than the pipe holds
-			done <- bc.flush(time.Now())
+			done <- bc.flush()
 		}()
 		synctest.Wait() // the flush is blocked
 		bc.kill()

@@ -170,7 +170,7 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 	}
 	c.wbuf = buf[:0]
 	if n == 0 {
-		return 0, c.bc.flush(time.Time{})
+		return 0, c.bc.flush()
 	}
 	// Frames read before the write cannot be answers to it: whatever is read from
 	// now on counts as "read since it was sent". The times are taken before the
@@ -181,7 +181,7 @@ func (c *conn) writeRecords(batch []*call, f framing) (int, error) {
 		cl.sentAt.Store(now.UnixNano())
 	}
 	c.wroteAt.Store(now.UnixNano())
-	err := c.bc.flush(now) // bounded by WriteTimeout (see batchConn.armLocked)
+	err := c.bc.flush() // bounded by WriteTimeout (see batchConn.armLocked)
 	if werr != nil {
 		err = werr
 	}
