@@ -24,6 +24,17 @@ func (d *deadlineConn) SetWriteDeadline(t time.Time) error {
 	return d.Conn.SetWriteDeadline(t)
 }
 
+// pipe returns the two ends of an in-memory connection, closed when t ends; with
+// drained, whatever the first end writes is read and thrown away.
+func pipe(t *testing.T, drained bool) (net.Conn, net.Conn) {
+	a, b := dottest.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	if drained {
+		go io.Copy(io.Discard, b)
+	}
+	return a, b
+}
+
 // A write to a peer that does not read fails within the write timeout: a flush,
 // and a write outside a batch (crypto/tls's own: the handshake, alerts, the
 // reply to a KeyUpdate).
@@ -31,9 +42,7 @@ func TestWriteToPeerThatDoesNotReadTimesOut(t *testing.T) {
 	const timeout = time.Second
 	for _, batched := range []bool{true, false} {
 		synctest.Test(t, func(t *testing.T) {
-			a, b := dottest.Pipe()
-			defer b.Close()
-			defer a.Close()
+			a, _ := pipe(t, false)
 			bc := &batchConn{Conn: a, timeout: timeout}
 			big := make([]byte, 2*dottest.PipeBuffer) // more than the pipe holds
 			start := time.Now()
@@ -59,10 +68,7 @@ func TestWriteToPeerThatDoesNotReadTimesOut(t *testing.T) {
 func TestWriteDeadlineArmedAhead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = time.Second
-		a, b := dottest.Pipe()
-		defer b.Close()
-		defer a.Close()
-		go io.Copy(io.Discard, b)
+		a, _ := pipe(t, true)
 		dc := &deadlineConn{Conn: a}
 		bc := &batchConn{Conn: dc, timeout: timeout}
 		for i := range 100 { // 100 flushes within one timeout
@@ -96,9 +102,7 @@ func TestWriteDeadlineArmedAhead(t *testing.T) {
 func TestKillFailsBlockedAndLaterWrites(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = time.Hour
-		a, b := dottest.Pipe()
-		defer b.Close()
-		defer a.Close()
+		a, _ := pipe(t, false)
 		bc := &batchConn{Conn: a, timeout: timeout}
 		done := make(chan error)
 		go func() {
@@ -107,17 +111,15 @@ func TestKillFailsBlockedAndLaterWrites(t *testing.T) {
 			done <- bc.flush()
 		}()
 		synctest.Wait() // the flush is blocked
+		start := time.Now()
 		bc.kill()
-		if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Errorf("Blocked flush after kill: %v, want a deadline error", err)
+		if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > 0 {
+			t.Errorf("Blocked flush after kill: %v after %v, want a deadline error at once", err, time.Since(start))
 		}
 
 		// A connection killed while no write was blocked, its deadline due
 		// to move: the next write fails all the same.
-		c, d := dottest.Pipe()
-		defer d.Close()
-		defer c.Close()
-		go io.Copy(io.Discard, d)
+		c, _ := pipe(t, true)
 		bc = &batchConn{Conn: c, timeout: timeout}
 		if _, err := bc.Write([]byte("handshake")); err != nil {
 			t.Fatal(err)

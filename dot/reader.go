@@ -82,15 +82,18 @@ func (c *conn) dispatch(frame []byte) {
 		c.removeLocked(cl)
 		c.answered++
 	}
-	if drop < 0 || drop == DropLate || drop == DropRescued {
+	// served: the answer to one of our calls, whether or not its caller still
+	// waits for it: the upstream read the query and served it.
+	served := drop < 0 || drop == DropLate || drop == DropRescued
+	if served {
 		c.served++
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
 	}
 	first := drop < 0 && c.answered == 1
-	// A record trial learns from any answer to its queries, also to one whose
-	// caller gave up or whose rescue won: the upstream read and served it.
-	// Waiting for trialTimeout instead would hold the connection's writes.
-	trial := ok && cl.trial && (drop < 0 || drop == DropLate || drop == DropRescued)
+	// A record trial learns from any served query of its own, also one whose
+	// caller gave up or whose rescue won; waiting for trialTimeout instead would
+	// hold the connection's writes.
+	trial := served && cl.trial
 	drain := c.drainedLocked()
 	c.mu.Unlock()
 
