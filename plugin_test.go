@@ -66,6 +66,7 @@ func TestServeDNSFailsOverToSecondUpstream(t *testing.T) {
 	f := newForward(t, cert, "policy sequential\nhealth_check 100ms", dead, s.Addr)
 	waitFor(t, "the first round of probes", f.Ready)
 	probes := s.Queries()
+	sentBefore := metricValue(t, requestsTotal.WithLabelValues(dead)) // metrics are keyed by address, which a later test may reuse
 
 	for i := range 3 {
 		rec, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA))
@@ -79,7 +80,7 @@ func TestServeDNSFailsOverToSecondUpstream(t *testing.T) {
 	if !f.upstreams[0].health.isDown() {
 		t.Errorf("Expected the unreachable upstream marked down")
 	}
-	if got := metricValue(t, requestsTotal.WithLabelValues(dead)); got != 0 {
+	if got := metricValue(t, requestsTotal.WithLabelValues(dead)) - sentBefore; got != 0 {
 		t.Errorf("Expected no client query sent to the upstream found down at startup, got %v", got)
 	}
 	if got := metricValue(t, upstreamHealthy.WithLabelValues(dead)); got != 0 {
@@ -92,6 +93,10 @@ func TestServeDNSFailsOverOnTimeout(t *testing.T) {
 	silent := startServer(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
 	s := startServer(t, cert, dottest.Options{})
 	f := newForward(t, cert, "policy sequential\nread_timeout 200ms", silent.Addr, s.Addr)
+	// The metrics are process-wide and keyed by address: a port reused from an
+	// earlier test keeps that test's samples, so count from here.
+	timeoutsBefore := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr))
+	samplesBefore := histogramCount(t, silent.Addr)
 
 	rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
 	if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil {
@@ -100,10 +105,10 @@ func TestServeDNSFailsOverOnTimeout(t *testing.T) {
 	if silent.Queries() != 1 || s.Queries() != 1 {
 		t.Errorf("Expected one query at each upstream, got %d and %d", silent.Queries(), s.Queries())
 	}
-	if got := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr)); got != 1 {
+	if got := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr)) - timeoutsBefore; got != 1 {
 		t.Errorf("Expected timeouts_total 1 for the silent upstream, got %v", got)
 	}
-	if n := histogramCount(t, silent.Addr); n != 1 {
+	if n := histogramCount(t, silent.Addr) - samplesBefore; n != 1 {
 		t.Errorf("Expected the failed exchange in request_duration_seconds, got %d samples", n)
 	}
 }
