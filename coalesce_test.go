@@ -11,7 +11,7 @@ import (
 )
 
 // startHeldServer starts a fake upstream whose answers wait until release is
-// called, so that queries are in flight together for as long as the test needs.
+// called, so that queries are pending together for as long as the test needs.
 func startHeldServer(t *testing.T, cert *dottest.Cert) (s *dottest.Server, release func()) {
 	t.Helper()
 	held := make(chan struct{})
@@ -76,7 +76,7 @@ func checkServed(t *testing.T, out <-chan served, n int) {
 	}
 }
 
-// Identical queries in flight at once reach the upstream once; each client gets
+// Identical queries pending at once reach the upstream once; each client gets
 // its own answer, and coalesced_total counts the ones that waited.
 func TestServeDNSCoalesces(t *testing.T) {
 	cert := testCert(t)
@@ -86,7 +86,7 @@ func TestServeDNSCoalesces(t *testing.T) {
 	before := metricValue(t, coalescedTotal.WithLabelValues(s.Addr))
 	const n = 16
 	out := serveAll(f, "www.coalesce.example.org.", n)
-	waitFor(t, "every query at the upstream's pool", func() bool { return u.inflight.Load() == n && s.Queries() >= 1 })
+	waitFor(t, "every query at the upstream's pool", func() bool { return u.pending.Load() == n && s.Queries() >= 1 })
 	release()
 	checkServed(t, out, n)
 	if got := s.Queries(); got != 1 {
@@ -97,7 +97,7 @@ func TestServeDNSCoalesces(t *testing.T) {
 	}
 }
 
-// With no_coalesce, identical queries in flight each reach the upstream.
+// With no_coalesce, identical queries pending at once each reach the upstream.
 func TestServeDNSNoCoalesce(t *testing.T) {
 	cert := testCert(t)
 	s, release := startHeldServer(t, cert)
@@ -135,7 +135,7 @@ func TestServeDNSCoalescedFailover(t *testing.T) {
 			const n = 8
 			out := serveAll(f, "failover.example.org.", n)
 			waitFor(t, "every query at the first upstream's pool", func() bool {
-				return f.upstreams[0].inflight.Load() == n && first.Queries() >= 1
+				return f.upstreams[0].pending.Load() == n && first.Queries() >= 1
 			})
 			tc.fail(first)
 			checkServed(t, out, n)
