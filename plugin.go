@@ -1,6 +1,3 @@
-// Package dotforward is a CoreDNS plugin that forwards queries to upstream
-// resolvers over DNS-over-TLS (RFC 7858), through pipelined, health-checked
-// connection pools (package dot).
 package dotforward
 
 import (
