@@ -95,11 +95,11 @@ func TestRandom(t *testing.T) {
 func TestLatency(t *testing.T) {
 	ms := func(n int) int64 { return int64(time.Duration(n) * time.Millisecond) }
 	tests := []struct {
-		name     string
-		mean      []int64
+		name    string
+		mean    []int64
 		pending []int64
-		explore  int // -1: no exploration; else the index pick returns
-		want     string
+		explore int // -1: no exploration; else the index pick returns
+		want    string
 	}{
 		{name: "fastest first", mean: []int64{ms(30), ms(10), ms(20)}, pending: []int64{0, 0, 0}, explore: -1, want: "2 3 1 "},
 		{name: "queue counts", mean: []int64{ms(30), ms(10), ms(20)}, pending: []int64{0, 4, 0}, explore: -1, want: "3 1 2 "},
