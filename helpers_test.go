@@ -182,3 +182,12 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// deadPipe returns a closed Pipe server: dialing it fails at once, as dialing an
+// address where nothing listens does.
+func deadPipe(t *testing.T, cert *dottest.Cert) *dottest.Server {
+	t.Helper()
+	s := startPipe(t, cert, dottest.Options{})
+	s.Close()
+	return s
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coredns/caddy"
@@ -60,57 +61,61 @@ func TestServeDNSKeepsIDCaseAndEDNS(t *testing.T) {
 }
 
 func TestServeDNSFailsOverToSecondUpstream(t *testing.T) {
-	cert := testCert(t)
-	dead := deadAddr(t, cert)
-	s := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential\nhealth_check 100ms", dead, s.Addr)
-	waitFor(t, "the first round of probes", f.Ready)
-	probes := s.Queries()
-	sentBefore := metricValue(t, requestsTotal.WithLabelValues(dead)) // metrics are keyed by address, which a later test may reuse
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		dead := deadPipe(t, cert)
+		s := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy sequential\nhealth_check 100ms", dead, s)
+		waitFor(t, "the first round of probes", f.Ready)
+		probes := s.Queries()
+		sentBefore := metricValue(t, requestsTotal.WithLabelValues(dead.Addr)) // metrics are keyed by address, which a later test may reuse
 
-	for i := range 3 {
-		rec, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA))
-		if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil || len(rec.Msg.Answer) != 1 {
-			t.Fatalf("Query %d: expected an answer from the second upstream, got rcode %d, error %v", i, rcode, err)
+		for i := range 3 {
+			rec, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA))
+			if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil || len(rec.Msg.Answer) != 1 {
+				t.Fatalf("Query %d: expected an answer from the second upstream, got rcode %d, error %v", i, rcode, err)
+			}
 		}
-	}
-	if got := s.Queries() - probes; got < 3 {
-		t.Errorf("Expected 3 queries at the second upstream, got %d", got)
-	}
-	if !f.upstreams[0].health.isDown() {
-		t.Errorf("Expected the unreachable upstream marked down")
-	}
-	if got := metricValue(t, requestsTotal.WithLabelValues(dead)) - sentBefore; got != 0 {
-		t.Errorf("Expected no client query sent to the upstream found down at startup, got %v", got)
-	}
-	if got := metricValue(t, upstreamHealthy.WithLabelValues(dead)); got != 0 {
-		t.Errorf("Expected upstream_healthy 0 for %s, got %v", dead, got)
-	}
+		if got := s.Queries() - probes; got < 3 {
+			t.Errorf("Expected 3 queries at the second upstream, got %d", got)
+		}
+		if !f.upstreams[0].health.isDown() {
+			t.Errorf("Expected the unreachable upstream marked down")
+		}
+		if got := metricValue(t, requestsTotal.WithLabelValues(dead.Addr)) - sentBefore; got != 0 {
+			t.Errorf("Expected no client query sent to the upstream found down at startup, got %v", got)
+		}
+		if got := metricValue(t, upstreamHealthy.WithLabelValues(dead.Addr)); got != 0 {
+			t.Errorf("Expected upstream_healthy 0 for %s, got %v", dead.Addr, got)
+		}
+	})
 }
 
 func TestServeDNSFailsOverOnTimeout(t *testing.T) {
-	cert := testCert(t)
-	silent := startServer(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	s := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential\nread_timeout 200ms", silent.Addr, s.Addr)
-	// The metrics are process-wide and keyed by address: a port reused from an
-	// earlier test keeps that test's samples, so count from here.
-	timeoutsBefore := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr))
-	samplesBefore := histogramCount(t, silent.Addr)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		silent := startPipe(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		s := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy sequential\nread_timeout 200ms", silent, s)
+		// The metrics are process-wide and keyed by address: a port reused from an
+		// earlier test keeps that test's samples, so count from here.
+		timeoutsBefore := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr))
+		samplesBefore := histogramCount(t, silent.Addr)
 
-	rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
-	if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil {
-		t.Fatalf("Expected an answer from the second upstream, got rcode %d, error %v", rcode, err)
-	}
-	if silent.Queries() != 1 || s.Queries() != 1 {
-		t.Errorf("Expected one query at each upstream, got %d and %d", silent.Queries(), s.Queries())
-	}
-	if got := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr)) - timeoutsBefore; got != 1 {
-		t.Errorf("Expected timeouts_total 1 for the silent upstream, got %v", got)
-	}
-	if n := histogramCount(t, silent.Addr) - samplesBefore; n != 1 {
-		t.Errorf("Expected the failed exchange in request_duration_seconds, got %d samples", n)
-	}
+		rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
+		if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil {
+			t.Fatalf("Expected an answer from the second upstream, got rcode %d, error %v", rcode, err)
+		}
+		if silent.Queries() != 1 || s.Queries() != 1 {
+			t.Errorf("Expected one query at each upstream, got %d and %d", silent.Queries(), s.Queries())
+		}
+		if got := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr)) - timeoutsBefore; got != 1 {
+			t.Errorf("Expected timeouts_total 1 for the silent upstream, got %v", got)
+		}
+		if n := histogramCount(t, silent.Addr) - samplesBefore; n != 1 {
+			t.Errorf("Expected the failed exchange in request_duration_seconds, got %d samples", n)
+		}
+	})
 }
 
 func TestServeDNSFailoverRcodes(t *testing.T) {
@@ -252,16 +257,18 @@ func TestServeDNSCancel(t *testing.T) {
 }
 
 func TestServeDNSDeadline(t *testing.T) {
-	cert := testCert(t)
-	s := startServer(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	f := newForward(t, cert, "read_timeout 1m\ntimeout 300ms", s.Addr)
-	_, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
-	if rcode != dns.RcodeServerFailure || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Expected SERVFAIL at the overall deadline, got rcode %d, error %v", rcode, err)
-	}
-	if f.upstreams[0].health.fails.Load() != 0 {
-		t.Errorf("Expected our own deadline not to count against the upstream")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		s := startPipe(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		f := newPipeForward(t, cert, "read_timeout 1m\ntimeout 300ms", s)
+		_, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
+		if rcode != dns.RcodeServerFailure || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Expected SERVFAIL at the overall deadline, got rcode %d, error %v", rcode, err)
+		}
+		if f.upstreams[0].health.fails.Load() != 0 {
+			t.Errorf("Expected our own deadline not to count against the upstream")
+		}
+	})
 }
 
 func TestServeDNSMatch(t *testing.T) {

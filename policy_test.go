@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coredns/coredns/plugin/pkg/dnstest"
@@ -180,24 +181,26 @@ func TestLatencyEstimate(t *testing.T) {
 // TestLatencyPolicyPrefersFasterUpstream sends sequential queries to a slow and a
 // fast upstream: once both are measured, the fast one takes nearly all of them.
 func TestLatencyPolicyPrefersFasterUpstream(t *testing.T) {
-	cert := testCert(t)
-	slow := startServer(t, cert, dottest.Options{Delay: func(dns.Question) time.Duration { return 30 * time.Millisecond }})
-	fast := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy latency", slow.Addr, fast.Addr)
-	const n = 200
-	for i := range n {
-		if _, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA)); rcode != dns.RcodeSuccess {
-			t.Fatalf("Query %d: expected an answer, got rcode %d, error %v", i, rcode, err)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		slow := startPipe(t, cert, dottest.Options{Delay: func(dns.Question) time.Duration { return 30 * time.Millisecond }})
+		fast := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy latency", slow, fast)
+		const n = 200
+		for i := range n {
+			if _, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA)); rcode != dns.RcodeSuccess {
+				t.Fatalf("Query %d: expected an answer, got rcode %d, error %v", i, rcode, err)
+			}
 		}
-	}
-	// Expected: the slow one once or twice while unmeasured, then one query in 20
-	// exploring (about 10); the bound leaves room for a loaded machine.
-	if got := fast.Queries(); got < n*3/4 {
-		t.Errorf("Expected the fast upstream to take most of %d queries, got %d (slow: %d)", n, got, slow.Queries())
-	}
-	if slow.Queries() == 0 {
-		t.Errorf("Expected exploration to send some queries to the slow upstream")
-	}
+		// Expected: the slow one once or twice while unmeasured, then one query in 20
+		// exploring (about 10); the bound leaves room for a loaded machine.
+		if got := fast.Queries(); got < n*3/4 {
+			t.Errorf("Expected the fast upstream to take most of %d queries, got %d (slow: %d)", n, got, slow.Queries())
+		}
+		if slow.Queries() == 0 {
+			t.Errorf("Expected exploration to send some queries to the slow upstream")
+		}
+	})
 }
 
 func isPermutation(got, ups []*upstream) bool {
