@@ -144,6 +144,8 @@ func newMsg(name string, qtype uint16) *dns.Msg {
 }
 
 // waitFor and checkNoPoolGoroutines are dottest's, under the names the tests use.
+// Inside a synctest bubble waitFor polls on the virtual clock, which costs no
+// wall-clock time; outside one, each call says why it needs real time.
 func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); dottest.WaitFor(t, what, cond) }
 
 func checkNoPoolGoroutines(t testing.TB) { t.Helper(); dottest.CheckNoPoolGoroutines(t) }

@@ -77,7 +77,10 @@ func TestReadyDoesNotFollowUpstreamHealth(t *testing.T) {
 }
 
 // Killing one of two upstreams under steady load fails (almost) nothing, and the
-// upstream takes queries again soon after it restarts.
+// upstream takes queries again soon after it restarts. Real sockets are the
+// point here, so its waitFor calls run on the wall clock: the kill closes real
+// TCP connections under load, and the restart listens on the same port again,
+// which the pool must find by dialing the same address.
 func TestFailoverAndRecoveryUnderLoad(t *testing.T) {
 	cert := testCert(t)
 	a := startServer(t, cert, dottest.Options{})
