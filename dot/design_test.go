@@ -52,5 +52,6 @@ func TestDesignNumbers(t *testing.T) {
 		"DefaultTombstoneTTL":      DefaultTombstoneTTL,
 		"DefaultPadBlock":          DefaultPadBlock,
 		"MaxMaxConns":              MaxMaxConns,
+		"MaxMaxInflight":           MaxMaxInflight,
 	})
 }
