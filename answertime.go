@@ -82,7 +82,3 @@ func (a *answerTime) addMean(took time.Duration) {
 		}
 	}
 }
-
-// hedgeDelay is the hedge auto delay for queries to the upstream; 0 without
-// hedge auto.
-func (a *answerTime) hedgeDelay() time.Duration { return a.hedge.current() }

@@ -23,6 +23,11 @@ import (
 //     over any run of queries, so an outage cannot double the load on the
 //     remaining upstreams;
 //   - a race never outlives forward: both exchanges have returned when race does.
+//
+// The race itself is part of a query's way through the upstreams (route.go:
+// hedged, race, hedgeRun); this file holds what it asks: the delay (fixed, or
+// hedge auto's estimator over the upstream's answer times, see answertime.go)
+// and the budget. The numbers and why: docs/design.md, "Hedging".
 
 // Limits of the auto delay, and how it is derived from an upstream's answer times.
 const (
@@ -73,7 +78,7 @@ func (h *hedger) delay(u *upstream) time.Duration {
 	if h.fixed > 0 {
 		return h.fixed
 	}
-	return u.answers.hedgeDelay()
+	return u.answers.hedge.current()
 }
 
 // hedgeBudget grants hedges as a token bucket filled by queries: each query counted

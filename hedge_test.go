@@ -287,13 +287,13 @@ func TestHedgeAuto(t *testing.T) {
 		b := startPipe(t, cert, dottest.Options{})
 		f := newPipeForward(t, cert, "policy sequential\nhedge auto 100\nread_timeout 3s", a, b)
 		u := f.upstreams[0]
-		if d := u.answers.hedgeDelay(); d != 1500*time.Millisecond {
+		if d := u.answers.hedge.current(); d != 1500*time.Millisecond {
 			t.Errorf("Expected the delay at read_timeout/2 before any answer, got %v", d)
 		}
 		for i := range hedgeRecompute {
 			answeredBy(t, f, newMsg(fmt.Sprintf("fast%d.example.org.", i), dns.TypeA))
 		}
-		d := u.answers.hedgeDelay()
+		d := u.answers.hedge.current()
 		if d < hedgeMinDelay || d >= 1500*time.Millisecond {
 			t.Errorf("Expected a delay from the fast answers, within [%v, 1.5s), got %v", hedgeMinDelay, d)
 		}
