@@ -13,7 +13,7 @@ func TestDesignNumbers(t *testing.T) {
 	dottest.CheckDesign(t, "../docs/design.md", "The pool", map[string]any{
 		"AutoMaxConnsOutOfOrder":   AutoMaxConnsOutOfOrder,
 		"AutoMaxConnsInOrder":      AutoMaxConnsInOrder,
-		"inOrderProbeEvery":        inOrderProbeEvery,
+		"orderCheckEvery":          orderCheckEvery,
 		"minJudgeLate":             minJudgeLate,
 		"judgeFactor":              judgeFactor,
 		"serialGap":                serialGap,

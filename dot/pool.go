@@ -20,24 +20,24 @@ type Pool struct {
 	tls *tls.Config
 	obs Observer
 
-	conns      atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
-	waiters    atomic.Int32            // callers waiting in acquire for a slot or a connection
-	dialing    atomic.Int32            // mirrors dials, for a lock-free check on the hot path
-	closing    atomic.Int32            // connections between closeFor and connClosed
-	learned    learned                 // what the pool learned of its upstream: query limit, record verdict, mode
-	flights    *flights                // open flights of queries that identical ones wait for; nil: NoCoalesce
-	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
-	needed     atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
-	shortfall  atomic.Int32            // from the sweeper: connections wanted and not open
-	rescuesWon atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
-	dialTime   atomic.Int64            // ns: how long a dial takes, smoothed
-	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
-	sizer      sizer                   // the sweeper's
-	respChans  *sync.Pool              // see newRespChans
-	bufs       sync.Pool               // connections' buffers (connBufs)
-	idleTicks  atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
-	probeDue   atomic.Bool             // in order: the next query that can is a probe (see probeConn)
-	kick       chan struct{}           // cap 1: wakes the sweeper
+	conns         atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters       atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing       atomic.Int32            // mirrors dials, for a lock-free check on the hot path
+	closing       atomic.Int32            // connections between closeFor and connClosed
+	learned       learned                 // what the pool learned of its upstream: query limit, record verdict, mode
+	flights       *flights                // open flights of queries that identical ones wait for; nil: NoCoalesce
+	clock         atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
+	needed        atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
+	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
+	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
+	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
+	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
+	sizer         sizer                   // the sweeper's
+	respChans     *sync.Pool              // see newRespChans
+	bufs          sync.Pool               // connections' buffers (connBufs)
+	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
+	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
+	kick          chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc

@@ -47,9 +47,9 @@ const (
 	// pool keeps ready, so that a query finds one even while the sweeper has not
 	// yet seen that a busy connection is stuck behind a slow answer.
 	inOrderSpares = 1
-	// inOrderProbeEvery: one query in this many goes behind another on an
-	// in-order upstream, to see whether it still answers in order (probeConn).
-	inOrderProbeEvery = 256
+	// orderCheckEvery: one query in this many goes behind another on an
+	// in-order upstream, to see whether it still answers in order (orderCheckConn).
+	orderCheckEvery = 256
 )
 
 // capConns is the most connections that take new queries, in force now.
@@ -157,10 +157,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 				best, load = c, l
 			}
 		}
-		if cl.avoid == nil && (p.probeDue.Load() || rand.Uint32()%inOrderProbeEvery == 0) {
-			// A probe is due until one finds a connection to go on.
-			pc := p.probeConn(cl)
-			p.probeDue.Store(pc == nil)
+		if cl.avoid == nil && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
+			// An order check is due until one finds a connection to go on.
+			pc := p.orderCheckConn(cl)
+			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
 		if best == nil {
@@ -176,12 +176,12 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	return nil
 }
 
-// probeConn returns a connection with one query outstanding, written within
+// orderCheckConn returns a connection with one query outstanding, written within
 // twice the usual answer time (at least a millisecond), the latest such, or
 // nil. A query put behind it on purpose shows, if its answer overtakes the one
 // before, that the upstream no longer answers in order; if the one before is
-// slow after all, the probe is rescued like any other query.
-func (p *Pool) probeConn(cl *call) *conn {
+// slow after all, the order check is rescued like any other query.
+func (p *Pool) orderCheckConn(cl *call) *conn {
 	recent := nanotime() - max(2*p.learned.mode.base.Load(), int64(time.Millisecond))
 	var best *conn
 	for _, c := range *p.conns.Load() {
