@@ -16,7 +16,7 @@
 //   - pool.go: the Pool: waiting for a connection, dialing, closing.
 //   - sizing.go: picking a connection for a call as the mode says, how many
 //     connections the load wants, when to dial (the cap, parallel dials, successors).
-//   - rescue.go: blocked connections, rescues and the race of a query's two attempts.
+//   - rescue.go: blocked connections, rescues and the first answer of a query.s two attempts.
 //   - exchange.go: one query's way through the pool: attempts, moves, the replay.
 //   - call.go: a call, one attempt of a query on one connection, and its states.
 //   - conn.go: a connection: its call table, IDs, states (open, draining, closed).
