@@ -88,7 +88,7 @@ var errRescued = errors.New("dot: query stuck behind a slow answer")
 
 // rescueDelay is how long a query may wait with nothing read before it is rescued.
 func (p *Pool) rescueDelay() int64 {
-	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.base.Load())
+	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.usual.Load())
 }
 
 // blockWatch is the sweeper's view of one connection's reads, for telling when

@@ -182,7 +182,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 // before, that the upstream no longer answers in order; if the one before is
 // slow after all, the order check is rescued like any other query.
 func (p *Pool) orderCheckConn(cl *call) *conn {
-	recent := nanotime() - max(2*p.learned.mode.base.Load(), int64(time.Millisecond))
+	recent := nanotime() - max(2*p.learned.mode.usual.Load(), int64(time.Millisecond))
 	var best *conn
 	for _, c := range *p.conns.Load() {
 		if w := c.wroteAt.Load(); c.takes(cl) && c.load.Load() == 1 && w > recent {

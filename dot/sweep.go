@@ -239,7 +239,7 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
 	for _, c := range conns {
-		st.add(c.collect(ceiling(&m.base), ceiling(&m.mean)))
+		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean)))
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)
