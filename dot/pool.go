@@ -44,7 +44,7 @@ type Pool struct {
 	wg     sync.WaitGroup // connection goroutines, dials and the sweeper
 
 	mu     sync.Mutex
-	dials  int           // guarded by mu: dials in flight
+	dials  int           // guarded by mu: dials under way
 	wake   chan struct{} // guarded by mu: closed and replaced when a slot or a connection may be free
 	redial redial        // guarded by mu: the reconnect backoff
 	closed bool          // guarded by mu

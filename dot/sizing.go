@@ -31,7 +31,7 @@ const (
 )
 
 const (
-	// maxParallelDials caps the dials in flight at once. After a failure only one
+	// maxParallelDials caps the dials under way at once. After a failure only one
 	// runs at a time, and the backoff paces them.
 	maxParallelDials = 4
 	// minExtraConns is how many connections that take no new query (draining,
@@ -371,8 +371,8 @@ func neededInOrder(inflight float64) int {
 
 // wanted is how many connections taking queries the load wants now: in order,
 // the busy ones and the spares, within what Little's law allows; otherwise
-// enough to hold what is in flight at three-quarters full. None while nothing
-// is in flight.
+// enough to hold what is outstanding at three-quarters full. None while nothing
+// is outstanding.
 func (p *Pool) wanted(busy, inflight, needed int) int {
 	if busy == 0 {
 		return 0

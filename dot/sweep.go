@@ -204,7 +204,7 @@ func (p *Pool) kickSweeper() {
 const minWatchInterval = minRescueDelay / 4
 
 // sweepAll sweeps every connection (see conn.sweep). For an in-order upstream,
-// whose load takes a connection per query in flight, the idle connections
+// whose load takes a connection per outstanding query, the idle connections
 // beyond what the last few seconds' load needed (keepInOrder) close after
 // inOrderIdle already, the newest first (the oldest idle one is taken first):
 // the pool keeps what its recent load needed, not its busiest moment since
