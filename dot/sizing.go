@@ -103,7 +103,7 @@ func (p *Pool) pick(cl *call) *conn {
 // syscall, and a TLS record read, at each end, whatever its size.
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
-	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
+	for range 3 {                     // losing the last slot to another caller: retried on a fresh snapshot
 		var best *conn
 		var load int32
 		counted := 0 // connections that count toward the cap
