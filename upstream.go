@@ -42,7 +42,11 @@ var _ dot.Observer = events{}
 
 // Dialed implements dot.Observer.
 func (e events) Dialed(took time.Duration, resumed bool, err error) {
-	if err != nil {
+	switch {
+	case isNoFiles(err):
+		// Local, not the upstream's: the prober must not take it as its dial failing.
+		logNoFiles(e.health.addr, err)
+	case err != nil:
 		e.health.failedDials.Add(1)
 	}
 	e.observer.Dialed(took, resumed, err)
@@ -176,10 +180,10 @@ func (u *upstream) learn(took time.Duration, err error, timeLeft bool) {
 // failed records a failed exchange for the latency estimate. Health is not
 // touched: the pool reports the failures that are the upstream's own through
 // dot.Observer.Failed, and a slow or lost query on a live connection is not one.
-// The client's deadline or cancellation and a query the pool refused say nothing
-// about the upstream.
+// The client's deadline or cancellation, a query the pool refused and a process
+// out of file descriptors say nothing about the upstream.
 func (u *upstream) failed(err error, took time.Duration) {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dot.ErrBadQuery) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dot.ErrBadQuery) || isNoFiles(err) {
 		return
 	}
 	// A failure weighs as much as a read timeout in the latency estimate, so that
