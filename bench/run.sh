@@ -18,7 +18,8 @@
 #   BENCH_BASE_COREDNS=""  a second CoreDNS build with dotforward (for example an older
 #     commit's make build): adds mode dotforward-base, the same Corefile on that binary,
 #     so a change is measured against its base in one run; BENCH_BASE_LABEL names it
-#   BENCH_PHASES="throughput latency churn regimes hedge profile micro"
+#   BENCH_PHASES="throughput latency churn regimes hedge fdlimit profile micro"
+#   BENCH_FDLIMIT_NOFILE=40 BENCH_FDLIMIT_QPS=1000 BENCH_FDLIMIT_SECONDS=8 BENCH_FDLIMIT_RUNS=5  (bench/phase_fdlimit.sh)
 #   BENCH_LATENCY_QPS=""    the latency phase's offered rate; default half of forward UDP's
 #     median throughput (which needs the throughput phase and mode fwd-udp)
 #   BENCH_PROFILE_QPS=""    the profile phase's offered rate (default: as fast as it goes, the throughput load)
@@ -67,7 +68,7 @@ BASE_LABEL=${BENCH_BASE_LABEL:-$BASE_COREDNS}
 if [ -n "$BASE_COREDNS" ] && [[ " $BENCH_MODES " != *" dotforward-base "* ]]; then
 	BENCH_MODES="$BENCH_MODES dotforward-base"
 fi
-BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes hedge profile micro}
+BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes hedge fdlimit profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
 BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
@@ -846,6 +847,7 @@ main() {
 	: >>"$WORK/micro.txt"
 	has_phase micro && phase_micro
 	has_phase blackhole && phase_blackhole
+	has_phase fdlimit && phase_fdlimit
 
 	local hits
 	hits=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
