@@ -26,7 +26,7 @@ fdlimit_run() {
 	regime_upstream inorder-distant 0
 	METRICS_LINE=""
 	render "bench/conf/regime-$mode.Corefile" "$WORK/$tag.Corefile"
-	FRONT_NAME=$tag
+	FRONT_NAME=coredns-$tag # its output: $WORK/$FRONT_NAME.out, apart from dnsperf's $WORK/$tag.out
 	start_bg "$FRONT_NAME" prlimit "--nofile=$BENCH_FDLIMIT_NOFILE:$BENCH_FDLIMIT_NOFILE" "$COREDNS" -conf "$WORK/$tag.Corefile"
 	FRONT_PID=$BG_PID
 	FRONT_QPORT=$FRONT_PORT
@@ -50,8 +50,8 @@ fdlimit_run() {
 	local out=$WORK/$tag.out sent noerror servfail lost cmed cmax lines
 	sent=$(awk '/Queries sent:/ { print $3 }' "$out")
 	lost=$(awk '/Queries lost:/ { print $3 }' "$out")
-	noerror=$(grep -o 'NOERROR [0-9]*' "$out" | awk '{ print $2 }')
-	servfail=$(grep -o 'SERVFAIL [0-9]*' "$out" | awk '{ print $2 }')
+	noerror=$(grep -o 'NOERROR [0-9]*' "$out" | awk '{ print $2 }' || true) # none: no such line
+	servfail=$(grep -o 'SERVFAIL [0-9]*' "$out" | awk '{ print $2 }' || true)
 	read -r cmed cmax < <(printf '%s\n' "${samples[@]}" | sort -n | awk '{ v[NR] = $1 } END {
 		m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m, v[NR] }')
 	lines=$(grep -c -F "$FDLIMIT_LINE" "$WORK/$FRONT_NAME.out" || true)
