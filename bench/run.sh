@@ -55,7 +55,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
-for f in bench/phase_*.sh; do . "$f"; done # phases and regimes kept in files of their own
+for phase_file in bench/phase_*.sh; do . "$phase_file"; done # phases and regimes kept in files of their own
 
 BENCH_SECONDS=${BENCH_SECONDS:-8}
 BENCH_ROUNDS=${BENCH_ROUNDS:-3}
