@@ -57,7 +57,7 @@ func TestOutOfFilesLoggedOnceNotCountedAgainstUpstream(t *testing.T) {
 	if n := u.health.failedDials.Load(); n != 0 {
 		t.Errorf("failedDials = %d, want 0: the prober would count its probe as failed", n)
 	}
-	if rtt := u.rtt.Load(); rtt != 0 {
+	if rtt := u.answers.mean.Load(); rtt != 0 {
 		t.Errorf("Latency estimate = %v, want none: a local failure is no reading of the upstream", time.Duration(rtt))
 	}
 	got := strings.Count(logs.String(), "plugin/dotforward: The process is out of file descriptors")
