@@ -29,12 +29,13 @@ bench: test-deps build
 bench-blackhole: test-deps build
 	BENCH_PHASES=blackhole bash bench/run.sh
 
-# bench-regimes runs only the regimes (issue 14): forward tls:// and dotforward side
-# by side in front of five kinds of upstream; results land in bench/results/regimes.*.
+# bench-regimes runs only the regimes (issues 14, 21): forward tls:// and dotforward side
+# by side in front of seven kinds of upstream, each BENCH_REGIME_RUNS (5) times in a row;
+# results land in bench/results/regimes.*.
 # BENCH_DOTFORWARD_OPTS adds options to dotforward's block, BENCH_REGIMES_LABEL
 # says what the run is.
 bench-regimes: test-deps build
-	BENCH_PHASES=regimes bash bench/run.sh
+	BENCH_PHASES=regimes BENCH_REGIME_RUNS=$${BENCH_REGIME_RUNS:-5} bash bench/run.sh
 
 # bench-hedge runs only the hedge phase (issue 16): dotforward with policy sequential
 # in front of an upstream answering 1 name in 20 after 300 ms and one answering at

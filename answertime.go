@@ -59,12 +59,13 @@ func (a *answerTime) cutShort(took time.Duration) { a.hedge.observe(took) }
 
 // missed takes an exchange that ended without an answer while time was left: it
 // weighs as much as a read timeout in mean, so that the latency policy moves
-// away from an upstream that fails fast. The caller's deadline or cancellation
-// and a query the pool refused as bad say nothing about the upstream. A miss is
+// away from an upstream that fails fast. The caller's deadline or cancellation,
+// a query the pool refused as bad and a process out of file descriptors
+// (nofiles.go) say nothing about the upstream. A miss is
 // not a failure (the glossary's word, which feeds health): the pool reports
 // those itself, through dot.Observer.Failed.
 func (a *answerTime) missed(err error, took time.Duration) {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dot.ErrBadQuery) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dot.ErrBadQuery) || isNoFiles(err) {
 		return
 	}
 	a.addMean(max(took, a.readTimeout))

@@ -39,7 +39,11 @@ var _ dot.Observer = events{}
 
 // Dialed implements dot.Observer.
 func (e events) Dialed(took time.Duration, resumed bool, err error) {
-	if err != nil {
+	switch {
+	case isNoFiles(err):
+		// Local, not the upstream's: the prober must not take it as its dial failing.
+		logNoFiles(e.health.addr, err)
+	case err != nil:
 		e.health.failedDials.Add(1)
 	}
 	e.observer.Dialed(took, resumed, err)

@@ -34,6 +34,7 @@
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.
 //   - coalesce.go: identical queries share one exchange (flights).
+//   - fdlimit.go: a process out of file descriptors: no strike, a cap re-tested.
 //   - backoff.go, tls.go, config.go, observer.go, errors.go.
 //
 // # Words

@@ -228,6 +228,9 @@ func (p *Pool) startDialLocked() bool {
 	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
 		return false
 	}
+	if !p.fds.grant(len(conns)+p.dials, time.Now()) {
+		return false // out of file descriptors: see fdlimit.go
+	}
 	p.dials++
 	p.dialing.Store(int32(p.dials))
 	p.wg.Add(1)

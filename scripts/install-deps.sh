@@ -15,6 +15,7 @@ have dig      || need+=(dnsutils)
 have dnsperf  || need+=(dnsperf)
 have openssl  || need+=(openssl)
 have ss       || need+=(iproute2)
+have prlimit  || need+=(util-linux)
 
 if [ ${#need[@]} -gt 0 ]; then
 	sudo=""
