@@ -25,6 +25,7 @@
 //   - policy.go: the orders in which upstreams are tried.
 //   - setup.go, options.go, targets.go: the Corefile; ready.go: the ready plugin.
 //   - metrics.go: Prometheus metrics, and the pool's events turned into them.
+//   - nofiles.go: a process out of file descriptors: logged once, with the fix.
 //   - errors.go: sentinel errors.
 //
 // # Words

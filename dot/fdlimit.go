@@ -58,7 +58,7 @@ func (f *fdCap) grant(n int, now time.Time) bool {
 }
 
 // blocks reports whether the cap keeps a pool with no usable connection and no
-// dial in flight from dialing now: its callers should fail at once.
+// dial under way from dialing now: its callers should fail at once.
 func (f *fdCap) blocks(now time.Time) bool {
 	return f.on && f.conns == 0 && now.Before(f.retry)
 }
