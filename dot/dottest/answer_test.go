@@ -105,7 +105,7 @@ func TestAppendAnswerRefuses(t *testing.T) {
 	m.SetEdns0(1232, false)
 	w = pack(m)
 	binary.BigEndian.PutUint16(w[len(w)-2:], 4) // RDLENGTH 4, options missing
-	cases["OPT cut"] = append(w, 0, 12, 0, 9) // an option claiming 9 bytes it lacks
+	cases["OPT cut"] = append(w, 0, 12, 0, 9)   // an option claiming 9 bytes it lacks
 	for name, q := range cases {
 		if got, ok := AppendAnswer(nil, q); ok || len(got) != 0 {
 			t.Errorf("%s: answered on the wire: % x", name, got)
