@@ -242,7 +242,7 @@ start_front() {
 dnsperf_run() {
 	local out=$1 secs=$2
 	shift 2
-	timeout $((secs + 30)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "$WORK/queries.txt" \
+	timeout $((secs + 30)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "${DNSPERF_QUERIES:-$WORK/queries.txt}" \
 		-c "$BENCH_CLIENTS" -q "$BENCH_INFLIGHT" -l "$secs" "$@" >"$out" 2>&1 &
 	DNSPERF_PID=$!
 	PIDS+=("$DNSPERF_PID")
@@ -277,7 +277,7 @@ measure() {
 
 	local tag="$kind-$mode-n$close_after-r$round"
 	# A short query timeout for the warm-up: it should not wait 5 s for a lost query.
-	dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 "$@"
+	DNSPERF_QUERIES=${WARMUP_QUERIES:-} dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 "$@"
 	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during warm-up"
 
