@@ -26,20 +26,8 @@ import (
 // the name `make image` gives it. deploy/README.md tells how to replace it.
 func imageRef(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "image.env"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	vars := map[string]string{}
-	for line := range strings.Lines(string(b)) {
-		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(strings.TrimSpace(line), "#") {
-			vars[strings.TrimSpace(k)] = strings.TrimSpace(v)
-		}
-	}
-	if vars["IMAGE_NAME"] == "" || vars["IMAGE_TAG"] == "" {
-		t.Fatalf("image.env has no IMAGE_NAME or IMAGE_TAG")
-	}
-	return vars["IMAGE_NAME"] + ":" + vars["IMAGE_TAG"]
+	r := readRecipe(t)
+	return r.get(t, "IMAGE_NAME") + ":" + r.get(t, "IMAGE_TAG")
 }
 
 // manifests is the set of objects of one kustomization directory.

@@ -18,7 +18,31 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dotforward/dotforward/internal/recipe"
 )
+
+// imageRecipe is image.env, read for a test.
+type imageRecipe struct{ recipe.Recipe }
+
+func readRecipe(t testing.TB) imageRecipe {
+	t.Helper()
+	r, err := recipe.Read("..")
+	if err != nil {
+		t.Fatalf("Read image.env: %v", err)
+	}
+	return imageRecipe{r}
+}
+
+// get returns the value of name, failing the test if image.env lacks it.
+func (r imageRecipe) get(t testing.TB, name string) string {
+	t.Helper()
+	v, err := r.Get(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
 
 // imageArchs are the architectures the test builds; only the host's runs.
 var imageArchs = []string{"amd64", "arm64"}
@@ -157,7 +181,7 @@ type imageWant struct {
 	epoch                      time.Time
 }
 
-func wantImage(t *testing.T, r recipe) imageWant {
+func wantImage(t *testing.T, r imageRecipe) imageWant {
 	t.Helper()
 	git := func(args ...string) string {
 		out, err := run(t, time.Minute, tool(t, "git"), append([]string{"-C", ".."}, args...)...)
@@ -172,7 +196,7 @@ func wantImage(t *testing.T, r recipe) imageWant {
 	}
 	epoch := time.Unix(secs, 0).UTC()
 	if r.get(t, "IMAGE_CAPS") != "cap_net_bind_service=+ep" {
-		t.Fatalf("image.env: IMAGE_CAPS = %s; this test checks cap_net_bind_service=+ep: update it", r["IMAGE_CAPS"])
+		t.Fatalf("image.env: IMAGE_CAPS = %s; this test checks cap_net_bind_service=+ep: update it", r.Recipe["IMAGE_CAPS"])
 	}
 	return imageWant{
 		user:       r.get(t, "IMAGE_USER"),

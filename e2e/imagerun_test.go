@@ -33,7 +33,7 @@ type imageBundle struct {
 // (skopeo picks the host's platform from the index) and unpacks it with umoci,
 // as a container runtime would. It checks the runtime configuration, the file
 // capability on the unpacked binary, and the flags it was built with.
-func unpackImage(t *testing.T, archive string, r recipe) *imageBundle {
+func unpackImage(t *testing.T, archive string, r imageRecipe) *imageBundle {
 	t.Helper()
 	dir := sharedDir(t)
 	layout := filepath.Join(dir, "layout")
@@ -76,7 +76,7 @@ func unpackImage(t *testing.T, archive string, r recipe) *imageBundle {
 }
 
 // checkBuildFlags: the binary's build information records the recipe's flags.
-func checkBuildFlags(t *testing.T, r recipe, bin string) {
+func checkBuildFlags(t *testing.T, r imageRecipe, bin string) {
 	t.Helper()
 	out := mustRunFor(t, "go", "version", "-m", bin)
 	for _, want := range []string{

@@ -12,11 +12,12 @@
 # Reproducible: one commit gives the same image digest and the same archive
 # bytes. Every time in the image is SOURCE_DATE_EPOCH (the commit's time unless
 # set), the history is omitted, buildah adds no label of its own, and the archive
-# is a tar with sorted names, fixed owners and times.
+# is a tar with sorted names, fixed owners and times. The layers are stored
+# uncompressed; `skopeo copy` to a registry compresses them.
 #
 # Environment, besides image.env's IMAGE_*:
-#   IMAGE_ARCHS    architectures (GOARCH), default the host's; more than one
-#                  gives an OCI image index
+#   IMAGE_ARCHS    architectures (GOARCH), default the host's; the archive
+#                  holds an OCI image index of their images
 #   IMAGE_ARCHIVE  the archive to write, default _output/dotforward-image.oci.tar
 #   IMAGE_LOAD     auto (default): load the archive into docker or podman when
 #                  there is one; no: do not
@@ -95,18 +96,15 @@ for arch in "${archlist[@]}"; do
 	build "$arch"
 done
 
-# One architecture gives an image, several an index of them.
+# An image index of the architectures (one or more), as registries hold
+# multi-arch images; skopeo and container engines pick the host's image from it.
 layout=$work/layout
-if [[ ${#archlist[@]} -eq 1 ]]; then
-	"${bah[@]}" push --quiet "localhost/$IMAGE_NAME:$IMAGE_TAG-${archlist[0]}" "oci:$layout:$IMAGE_TAG"
-else
-	list=localhost/$IMAGE_NAME:$IMAGE_TAG
-	"${bah[@]}" manifest create "$list" >/dev/null
-	for arch in "${archlist[@]}"; do
-		"${bah[@]}" manifest add "$list" "containers-storage:localhost/$IMAGE_NAME:$IMAGE_TAG-$arch" >/dev/null
-	done
-	"${bah[@]}" manifest push --quiet --all "$list" "oci:$layout:$IMAGE_TAG"
-fi
+list=localhost/$IMAGE_NAME:$IMAGE_TAG
+"${bah[@]}" manifest create "$list" >/dev/null
+for arch in "${archlist[@]}"; do
+	"${bah[@]}" manifest add "$list" "containers-storage:localhost/$IMAGE_NAME:$IMAGE_TAG-$arch" >/dev/null
+done
+"${bah[@]}" manifest push --quiet --all "$list" "oci:$layout:$IMAGE_TAG"
 
 # The archive of the OCI layout, the same bytes for the same content.
 mkdir -p "$(dirname "$archive")"

@@ -1,7 +1,6 @@
-package e2e
+package deploy
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,45 +9,28 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/dotforward/dotforward/internal/recipe"
 )
 
-// recipe is image.env: the container image's recipe, which `make image` builds
-// from and the Dockerfile's ARGs repeat.
-type recipe map[string]string
+// imageRecipe is image.env, read for a test.
+type imageRecipe struct{ recipe.Recipe }
 
-// readRecipe parses ../image.env (make syntax: NAME = value, # comments).
-func readRecipe(t testing.TB) recipe {
+func readRecipe(t testing.TB) imageRecipe {
 	t.Helper()
-	f, err := os.Open(filepath.Join("..", "image.env"))
+	r, err := recipe.Read("..")
 	if err != nil {
-		t.Fatalf("Open image.env: %v", err)
-	}
-	defer f.Close()
-	r := recipe{}
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok {
-			t.Fatalf("image.env:%d: %q is not NAME = value", n, line)
-		}
-		r[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	if err := sc.Err(); err != nil {
 		t.Fatalf("Read image.env: %v", err)
 	}
-	return r
+	return imageRecipe{r}
 }
 
-// get returns the value of key, failing the test if image.env lacks it.
-func (r recipe) get(t testing.TB, key string) string {
+// get returns the value of name, failing the test if image.env lacks it.
+func (r imageRecipe) get(t testing.TB, name string) string {
 	t.Helper()
-	v, ok := r[key]
-	if !ok || v == "" {
-		t.Fatalf("image.env has no %s", key)
+	v, err := r.Get(name)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return v
 }
@@ -133,7 +115,7 @@ func TestImageRecipe(t *testing.T) {
 			t.Errorf("Dockerfile: ARG %s=%q, image.env has %q", k, got, want)
 		}
 	}
-	for k, v := range r {
+	for k, v := range r.Recipe {
 		if strings.ContainsAny(v, "\"'\\$`") {
 			t.Errorf("image.env: %s = %s has a quote, backslash or $: scripts/image.sh takes the words as they are", k, v)
 		}
@@ -158,7 +140,7 @@ func checkDockerfileBuild(t *testing.T, d *dockerfile) {
 
 // checkDockerfileFinal: the final stage is scratch with the two files, the user,
 // ports, entrypoint, command and labels of the recipe.
-func checkDockerfileFinal(t *testing.T, r recipe, d *dockerfile) {
+func checkDockerfileFinal(t *testing.T, r imageRecipe, d *dockerfile) {
 	if got := d.final("FROM"); !slices.Equal(got, []string{"scratch"}) {
 		t.Errorf("Dockerfile: the final stage is FROM %v, want scratch (make image builds from scratch)", got)
 	}
@@ -215,7 +197,7 @@ func TestImageRecipeUsed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k := range readRecipe(t) {
+	for k := range readRecipe(t).Recipe {
 		if !slices.Contains(exported, k) {
 			t.Errorf("Makefile does not export %s (image.env) to scripts/image.sh", k)
 		}
