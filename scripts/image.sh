@@ -57,7 +57,7 @@ cleanup() {
 trap cleanup EXIT
 
 # json prints its arguments as a JSON array of strings (the recipe's words have
-# no quotes or backslashes; image_test.go checks that).
+# no quotes or backslashes; deploy/recipe_test.go checks that).
 json() {
 	local out="" w
 	for w in "$@"; do out+="${out:+,}\"$w\""; done
@@ -76,6 +76,7 @@ build() {
 	# reads it back from the layer's tar header.
 	"${bah[@]}" copy --quiet --chmod 0755 "$c" "$bin" "$IMAGE_ENTRYPOINT"
 	"${bah[@]}" copy --quiet --chmod 0644 "$c" "$work/ca-bundle.crt" "$IMAGE_CA_BUNDLE"
+	# shellcheck disable=SC2086 # IMAGE_CMD is a list of words
 	local config=(--arch "$arch" --os linux --user "$IMAGE_USER"
 		--entrypoint "$(json "$IMAGE_ENTRYPOINT")"
 		--cmd "$(json $IMAGE_CMD)"
