@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"crypto/tls"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,18 +77,32 @@ func unpackImage(t *testing.T, archive string, r imageRecipe) *imageBundle {
 	return ib
 }
 
-// checkBuildFlags: the binary's build information records the recipe's flags.
+// checkBuildFlags: the binary's build information records the recipe's flags,
+// but for -ldflags, which Go leaves out with -trimpath: "-s -w" shows as a
+// binary without a symbol table and without DWARF.
 func checkBuildFlags(t *testing.T, r imageRecipe, bin string) {
 	t.Helper()
 	out := mustRunFor(t, "go", "version", "-m", bin)
-	for _, want := range []string{
-		"build\tCGO_ENABLED=0",
-		"build\t" + r.get(t, "IMAGE_GOFLAGS") + "=true",
-		"build\t-ldflags=\"" + r.get(t, "IMAGE_LDFLAGS") + "\"",
-	} {
+	for _, want := range []string{"build\tCGO_ENABLED=0", "build\t" + r.get(t, "IMAGE_GOFLAGS") + "=true"} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("go version -m: no line %q in\n%s", want, out)
 		}
+	}
+	if r.get(t, "IMAGE_LDFLAGS") != "-s -w" {
+		t.Fatalf("image.env: IMAGE_LDFLAGS = %s; this test checks -s -w: update it", r.get(t, "IMAGE_LDFLAGS"))
+	}
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, sec := range f.Sections {
+		if sec.Name == ".symtab" || strings.HasPrefix(sec.Name, ".debug_") || strings.HasPrefix(sec.Name, ".zdebug_") {
+			t.Errorf("the binary has section %s: not built with -ldflags \"-s -w\"", sec.Name)
+		}
+	}
+	if ph := slices.IndexFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP }); ph >= 0 {
+		t.Errorf("the binary has an ELF interpreter: not static (CGO_ENABLED=0)")
 	}
 }
 
@@ -200,16 +216,22 @@ func checkImageProcess(t *testing.T, pid int, ib *imageBundle, bin string) {
 // that dotforward answered.
 func checkNodeLocalAnswers(t *testing.T, ns *netns) {
 	t.Helper()
-	for _, q := range []struct{ network, name, want string }{
-		{"udp", aName, aAddr}, {"tcp", aName, aAddr},
-		{"udp", kubernetesName, kubernetesAddr}, {"tcp", kubernetesName, kubernetesAddr},
+	// The .:53 block caches: the AAAA query, not asked before, must reach
+	// dotforward, after the readiness query for the A record.
+	for _, q := range []struct {
+		network, name string
+		qtype         uint16
+		want          string
+	}{
+		{"udp", aName, dns.TypeA, aAddr}, {"tcp", aName, dns.TypeAAAA, aaaaAddr},
+		{"udp", kubernetesName, dns.TypeA, kubernetesAddr}, {"tcp", kubernetesName, dns.TypeA, kubernetesAddr},
 	} {
-		r, err := ns.exchange(q.network, nodeLocalAddr+":53", nil, newQuery(q.name, dns.TypeA))
+		r, err := ns.exchange(q.network, nodeLocalAddr+":53", nil, newQuery(q.name, q.qtype))
 		if err == nil {
-			err = checkAnswer(r, dns.TypeA, q.want)
+			err = checkAnswer(r, q.qtype, q.want)
 		}
 		if err != nil {
-			t.Errorf("%s %s over %s: %v", nodeLocalAddr, q.name, q.network, err)
+			t.Errorf("%s %s %s over %s: %v", nodeLocalAddr, q.name, dns.TypeToString[q.qtype], q.network, err)
 		}
 	}
 	resp, err := ns.httpClient().Get("http://" + nodeLocalAddr + ":9253/metrics")
@@ -222,7 +244,7 @@ func checkNodeLocalAnswers(t *testing.T, ns *netns) {
 		t.Fatalf("scrape the node-local metrics: status %d, %v", resp.StatusCode, err)
 	}
 	if n, _ := metricSum(string(body), "coredns_dotforward_requests_total", label("to", "127.0.0.1:853")); n < 2 {
-		t.Errorf("coredns_dotforward_requests_total to 127.0.0.1:853 is %v, want at least the 2 queries for %s", n, aName)
+		t.Errorf("coredns_dotforward_requests_total to 127.0.0.1:853 is %v, want at least the 2 queries (A and AAAA) for %s", n, aName)
 	}
 }
 
@@ -271,7 +293,7 @@ func nodeLocalCorefile(t *testing.T, ca string) string {
 	if n := len(upstreams.FindAllString(cf, -1)); n != 1 || !strings.Contains(cf, "forward . 10.96.0.10") {
 		t.Fatalf("the node-local Corefile should have one dotforward stanza (has %d) and forward . 10.96.0.10:\n%s", n, cf)
 	}
-	cf = upstreams.ReplaceAllString(cf, "${1}tls://127.0.0.1:853%"+serverName+" {\n        tls "+ca)
+	cf = upstreams.ReplaceAllString(cf, "${1}tls://127.0.0.1%"+serverName+":853 {\n        tls "+ca)
 	return strings.Replace(cf, "forward . 10.96.0.10", "forward . 127.0.0.1:5353", 1)
 }
 
