@@ -2,7 +2,15 @@
 GO      ?= go
 BINARY  ?= coredns
 
-.PHONY: build test test-deps bench bench-blackhole bench-regimes bench-hedge clean
+# The container image's recipe (IMAGE_NAME, IMAGE_TAG, build flags, user, ...),
+# shared with the Dockerfile's ARGs.
+include image.env
+IMAGE_ARCHS   ?= $(shell $(GO) env GOARCH)
+IMAGE_ARCHIVE ?= _output/dotforward-image.oci.tar
+export IMAGE_NAME IMAGE_TAG IMAGE_SOURCE IMAGE_GOFLAGS IMAGE_LDFLAGS IMAGE_CAPS \
+	IMAGE_USER IMAGE_CA_BUNDLE IMAGE_PORTS IMAGE_ENTRYPOINT IMAGE_CMD IMAGE_ARCHS IMAGE_ARCHIVE
+
+.PHONY: build test test-deps image bench bench-blackhole bench-regimes bench-hedge clean
 
 # build writes ./coredns: every standard CoreDNS plugin plus dotforward.
 build:
@@ -17,6 +25,14 @@ test: test-deps
 
 test-deps:
 	bash scripts/install-deps.sh
+
+# image builds the container image without a daemon or a registry (buildah, as
+# root) and writes it as an OCI archive, IMAGE_ARCHIVE; it also loads it into
+# docker or podman when one is installed (IMAGE_LOAD=no to skip). One commit
+# gives the same digest. IMAGE_ARCHS="amd64 arm64" builds a multi-arch index.
+# Push it with: skopeo copy --all oci-archive:$(IMAGE_ARCHIVE) docker://REGISTRY/$(IMAGE_NAME):TAG
+image: test-deps
+	bash scripts/image.sh
 
 # bench builds ./coredns and compares forward (UDP and TLS), dotforward and Unbound
 # with dnsperf, then forward tls:// and dotforward in front of upstreams unlike
@@ -46,3 +62,4 @@ bench-hedge: test-deps build
 
 clean:
 	rm -f $(BINARY)
+	rm -rf _output

@@ -18,7 +18,7 @@
 #   BENCH_BASE_COREDNS=""  a second CoreDNS build with dotforward (for example an older
 #     commit's make build): adds mode dotforward-base, the same Corefile on that binary,
 #     so a change is measured against its base in one run; BENCH_BASE_LABEL names it
-#   BENCH_PHASES="throughput latency churn regimes hedge fdlimit profile micro"
+#   BENCH_PHASES="throughput latency churn mission regimes hedge fdlimit profile micro"
 #   BENCH_FDLIMIT_NOFILE=40 BENCH_FDLIMIT_QPS=1000 BENCH_FDLIMIT_SECONDS=8 BENCH_FDLIMIT_RUNS=5  (bench/phase_fdlimit.sh)
 #   BENCH_LATENCY_QPS=""    the latency phase's offered rate; default half of forward UDP's
 #     median throughput (which needs the throughput phase and mode fwd-udp)
@@ -68,7 +68,7 @@ BASE_LABEL=${BENCH_BASE_LABEL:-$BASE_COREDNS}
 if [ -n "$BASE_COREDNS" ] && [[ " $BENCH_MODES " != *" dotforward-base "* ]]; then
 	BENCH_MODES="$BENCH_MODES dotforward-base"
 fi
-BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes hedge fdlimit profile micro}
+BENCH_PHASES=${BENCH_PHASES:-throughput latency churn mission regimes hedge fdlimit profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
 BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
@@ -244,7 +244,7 @@ start_front() {
 dnsperf_run() {
 	local out=$1 secs=$2
 	shift 2
-	timeout $((secs + 30)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "$WORK/queries.txt" \
+	timeout $((secs + 30)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "${DNSPERF_QUERIES:-$WORK/queries.txt}" \
 		-c "$BENCH_CLIENTS" -q "$BENCH_INFLIGHT" -l "$secs" "$@" >"$out" 2>&1 &
 	DNSPERF_PID=$!
 	PIDS+=("$DNSPERF_PID")
@@ -279,7 +279,7 @@ measure() {
 
 	local tag="$kind-$mode-n$close_after-r$round"
 	# A short query timeout for the warm-up: it should not wait 5 s for a lost query.
-	dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 "$@"
+	DNSPERF_QUERIES=${WARMUP_QUERIES:-} dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 "$@"
 	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during warm-up"
 
@@ -299,7 +299,8 @@ measure() {
 			rep0=$(metric_sum coredns_dotforward_replays_total)
 		fi
 	fi
-	local c0 c1 drops0 sr0 sw0 sr1 sw1
+	local c0 c1 drops0 sr0 sw0 sr1 sw1 hook0
+	hook0=$(measure_begin "$kind" "$mode") # phase_mission.sh: the cache's counters
 	drops0=$(udp_rcvbuf_errors)
 	read -r sr0 sw0 < <(io_syscalls "$FRONT_PID")
 	local upc0 upc1 uppid=$UPSTREAM_PID
@@ -321,6 +322,8 @@ measure() {
 	upc1=$(cpu_ticks "$uppid")
 	read -r sr1 sw1 < <(io_syscalls "$FRONT_PID")
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during the run"
+	# shellcheck disable=SC2046,SC2086 # words: -kv name=value pairs
+	kv+=($(measure_end "$kind" "$mode" $hook0))
 
 	local up1 upq fq=0 fh=0
 	up1=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
@@ -840,6 +843,7 @@ main() {
 	has_phase throughput && phase_throughput
 	has_phase latency && phase_latency
 	has_phase churn && phase_churn
+	has_phase mission && phase_mission
 	has_phase regimes && phase_regimes
 	has_phase hedge && phase_hedge
 	: >"$WORK/profile.txt"
