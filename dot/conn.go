@@ -34,6 +34,7 @@ type conn struct {
 	reads     atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
 	lastUsed  atomic.Int64 // pool clock (coarse) of the last query registered or answered
 	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
+	quietAt   atomic.Int64 // reads+1 when the sweeper found it reading nothing for the rescue delay with queries waiting: quiet until the next frame
 	wroteAt   atomic.Int64 // unix ns of the last write of queries
 	wseq      uint32       // writer goroutine only: calls written so far
 

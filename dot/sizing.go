@@ -85,6 +85,15 @@ func (c *conn) blocked() bool {
 	return b != 0 && b == c.reads.Load()+1
 }
 
+// quiet reports whether the sweeper found c reading nothing for the rescue
+// delay while queries wait behind another, and it has read nothing since:
+// nothing shows yet that they are blocked (see rescue.go), but a query put
+// there may be, so one goes there only if no other connection has room.
+func (c *conn) quiet() bool {
+	q := c.quietAt.Load()
+	return q != 0 && q == c.reads.Load()+1
+}
+
 // pick registers cl on a connection that takes it, as the upstream's mode says
 // (see pickInTurn, pickIdle), and starts a dial when the pool will soon need
 // another connection. It returns nil if no connection had room.
@@ -104,8 +113,8 @@ func (p *Pool) pick(cl *call) *conn {
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
 	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
-		var best *conn
-		var load int32
+		var best, quiet *conn
+		var load, quietLoad int32
 		counted := 0 // connections that count toward the cap
 		for _, c := range *p.conns.Load() {
 			if p.countsTowardCap(c) {
@@ -114,9 +123,17 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			if !c.takes(cl) {
 				continue
 			}
-			if l := c.load.Load(); best == nil && l < slots {
+			l := c.load.Load()
+			switch {
+			case best != nil || l >= slots:
+			case !c.quiet():
 				best, load = c, l
+			case quiet == nil:
+				quiet, quietLoad = c, l
 			}
+		}
+		if best == nil {
+			best, load = quiet, quietLoad
 		}
 		if best == nil {
 			return nil
@@ -193,9 +210,14 @@ func (p *Pool) probeConn(cl *call) *conn {
 }
 
 // dialNow starts a dial if the pool may (see startDialLocked).
-func (p *Pool) dialNow() {
+func (p *Pool) dialNow() { p.dialUpTo(0) }
+
+// dialUpTo starts a dial if the pool may and, if want is not 0, fewer than
+// want connections take queries or are being dialled, counted under p.mu: the
+// sweeper's snapshot of the connections may miss one that a dial just added.
+func (p *Pool) dialUpTo(want int) {
 	p.mu.Lock()
-	p.startDialLocked()
+	p.startDialLocked(want)
 	p.mu.Unlock()
 }
 
@@ -204,7 +226,7 @@ func (p *Pool) dialNow() {
 // dials than dialLimit run, the connections that take queries (with those being
 // dialled) are under the cap (and, in order, under what the load needs), and
 // all open ones are under maxOpen. It reports whether it started one.
-func (p *Pool) startDialLocked() bool {
+func (p *Pool) startDialLocked(want int) bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
 	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
@@ -224,6 +246,9 @@ func (p *Pool) startDialLocked() bool {
 	capConns := p.capConns()
 	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 {
 		capConns = min(capConns, max(int(p.needed.Load()), 1))
+	}
+	if want > 0 {
+		capConns = min(capConns, want)
 	}
 	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
 		return false
@@ -272,10 +297,13 @@ type sizer struct {
 	rate     float64 // answers per second, smoothed
 	inflight float64 // queries outstanding (tombstones included), smoothed
 	tokens   float64 // rescue budget (see rescue.go)
-	wanted   int     // the last reported Sized figures
-	open     int
-	used     [5]int // the most connections with queries outstanding in each of the last seconds, this one first
-	usedAt   int64  // unix ns when used[0]'s second began
+	// newestSent: the write time (unix ns) of the latest-written call
+	// answered, on any connection, closed ones included (see watch)
+	newestSent int64
+	wanted     int // the last reported Sized figures
+	open       int
+	used       [5]int // the most connections with queries outstanding in each of the last seconds, this one first
+	usedAt     int64  // unix ns when used[0]'s second began
 }
 
 // noteUsed records how many connections have queries outstanding now.
@@ -329,7 +357,7 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	wanted := p.wanted(busy, inflight, needed) + p.successors(busy)
 	p.shortfall.Store(int32(max(wanted-open, 0)))
 	for range min(wanted-open, maxParallelDials) - int(p.dialing.Load()) {
-		p.dialNow()
+		p.dialUpTo(wanted)
 	}
 	if report && (wanted != z.wanted || open != z.open) {
 		z.wanted, z.open = wanted, open

@@ -243,7 +243,11 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)
-	if mode, changed := m.update(st.evidence, now); changed {
+	var alone int64
+	if st.aloneN > 0 {
+		alone = st.aloneSum / int64(st.aloneN)
+	}
+	if mode, changed := m.update(st.evidence, alone, now); changed {
 		perConn := p.cfg.MaxInflight
 		if mode == ModeInOrder {
 			perConn = 1
