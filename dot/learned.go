@@ -278,6 +278,10 @@ type serveMode struct {
 	acc      evidence // decayed: each update keeps 7/8 of it (inversions unused)
 	inBase   int64    // ns: the least usual answer time since the mode last became in-order
 	crowded  float64  // decayed: updates in order whose queries alone were answered fourfold slower than inBase
+	// gainless: ns, the mean answer time in order when it was last left as
+	// crowded: in order again only if the mean answer time on few
+	// connections is gainFactor times that (0: none measured)
+	gainless int64
 }
 
 // Thresholds of the mode decision (see serveMode.update).
@@ -285,10 +289,10 @@ const (
 	minRescueEvidence = 2    // rescues won (decayed count) that make an upstream in-order
 	minSlowEvidence   = 8    // busy answers at least serialGap apart (decayed count)...
 	slowShare         = 0.75 // ...that are this share of the busy answers
-	// costlyWait: answers from another mode back that waiting behind others
-	// costs, only while the mean answer time is this many usual answer times
-	// (of a query alone on its connection).
-	costlyWait = 2
+	// gainFactor: after in order was left as crowded (see gainless), slow
+	// gaps make it in order again only while the mean answer time is this
+	// many times what it was in order: more connections would halve it.
+	gainFactor = 2
 	// minCrowdedEvidence: in order, this many (decayed count) full sweeps in
 	// which queries alone on their connection were answered crowdedFactor
 	// times (and crowdedMargin) slower than when the mode was learned make
@@ -312,20 +316,23 @@ func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
 // server never does that). With none for outOfOrderQuiet, rescues that won by
 // far (see conn.judgeLocked) make it in-order, and so do answers that keep
 // coming a full serialGap apart (minSlowEvidence of them, slowShare of those
-// queued behind another) while waiting costs: the mean answer time is
-// costlyWait times the usual one. The pool then serves measurably worse than
-// in order would: queries wait behind others on few connections while the
-// answers come one service time apart, and this holds whatever the mode was.
+// queued behind another): the pool serves worse than in order would, queries
+// waiting behind others on few connections while the answers come one
+// service time apart, whatever the mode was.
 //
 // In order, a query has a connection to itself and is answered in about the
 // usual time. If that time stays crowdedFactor times (and crowdedMargin) what
 // it was since the mode was learned for minCrowdedEvidence sweeps, the
 // upstream is rather a busy one whose queries wait for its CPU, not for each
-// other, and more connections only make it busier: the mode is unknown again.
-// One slow reading (a handshake storm on a loaded machine) is not enough, and
-// nothing is barred: the evidence that made the mode in-order makes it so
-// again as soon as it shows that waiting costs. A mode holds learnedTTL past
-// its last evidence, then is unknown again.
+// other, and more connections only make it busier (unbound at full load
+// serves its connections in turn: the more, the longer each waits): the mode
+// is unknown again, and the mean answer time in order is kept (gainless).
+// Slow gaps make it in order again once the mean answer time on few
+// connections is gainFactor times that: more connections would then shorten
+// the waits, which is the test of in-order measured anew at every sweep,
+// rather than a bar for a time. One slow reading (a handshake storm on a
+// loaded machine) leaves nothing. A mode holds learnedTTL past its last
+// evidence, then is unknown again.
 func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 	m.decay(e)
 	if e.inversions > 0 {
@@ -356,15 +363,16 @@ func (m *serveMode) decay(e evidence) {
 func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
 	a, base := &m.acc, m.base.Load()
 	slowGaps := a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy
-	costly := base == 0 || m.mean.Load() >= costlyWait*base
+	gain := old == ModeInOrder || m.mean.Load() >= gainFactor*m.gainless
 	switch {
 	case e.inversions > 0:
-		m.until = now + int64(learnedTTL)
+		m.until, m.gainless = now+int64(learnedTTL), 0
 		return ModeOutOfOrder
 	case old == ModeInOrder && m.crowdedBy(alone) >= minCrowdedEvidence:
+		m.gainless = m.mean.Load()
 		return ModeUnknown
 	case now-m.inverted < int64(outOfOrderQuiet):
-	case a.rescued >= minRescueEvidence || slowGaps && (old == ModeInOrder || costly):
+	case a.rescued >= minRescueEvidence || slowGaps && gain:
 		if e.rescued > 0 || e.busySlow > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)
 		}

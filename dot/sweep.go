@@ -208,16 +208,19 @@ const minWatchInterval = minRescueDelay / 4
 // beyond what the last few seconds' load needed (keepInOrder) close after
 // inOrderIdle already, the newest first (the oldest idle one is taken first):
 // the pool keeps what its recent load needed, not its busiest moment since
-// IdleTimeout.
+// IdleTimeout. In another mode the idle ones beyond the cap do (those an
+// in-order spell left: more would not be used).
 func (p *Pool) sweepAll(now int64, conns []*conn) {
 	surplus := 0
-	if p.learned.mode.get() == ModeInOrder {
-		for _, c := range conns {
-			if !c.unusable.Load() {
-				surplus++
-			}
+	for _, c := range conns {
+		if !c.unusable.Load() {
+			surplus++
 		}
+	}
+	if p.learned.mode.get() == ModeInOrder {
 		surplus -= p.sizer.keepInOrder()
+	} else {
+		surplus -= p.capConns()
 	}
 	for i := len(conns) - 1; i >= 0; i-- {
 		var idle time.Duration
