@@ -211,12 +211,8 @@ const minWatchInterval = minRescueDelay / 4
 // IdleTimeout. In another mode the idle ones beyond the cap do (those an
 // in-order spell left: more would not be used).
 func (p *Pool) sweepAll(now int64, conns []*conn) {
-	surplus := 0
-	for _, c := range conns {
-		if !c.unusable.Load() {
-			surplus++
-		}
-	}
+	n := countConns(conns)
+	surplus := n.open()
 	if p.learned.mode.get() == ModeInOrder {
 		surplus -= p.sizer.keepInOrder()
 	} else {
@@ -224,7 +220,7 @@ func (p *Pool) sweepAll(now int64, conns []*conn) {
 	}
 	for i := len(conns) - 1; i >= 0; i-- {
 		var idle time.Duration
-		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && !c.unusable.Load() {
+		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && c.avail().open() {
 			idle, surplus = inOrderIdle, surplus-1
 		}
 		conns[i].sweep(now, idle)
