@@ -1,0 +1,167 @@
+package dot
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// forwardModel is a model of CoreDNS's forward plugin to one DoT upstream, the
+// yardstick of the property test (plugin/pkg/proxy: connect.go, persistent.go;
+// see /work/shared/research/coredns-forward.md):
+//
+//   - A connection carries one query at a time: it is taken for the write and
+//     the read of one query, then put back. There is no cap on connections: a
+//     query that finds none idle dials one. So the model never queues a query
+//     behind another; each pays its own answer time, and a handshake when
+//     every connection is busy. Only the upstream can make it queue (an
+//     in-order upstream does not: one query per connection is never behind
+//     another).
+//   - Idle connections are a stack: the most recently used is taken first
+//     (the brief's model; CoreDNS 1.14.1 made it a queue, which changes which
+//     connection idles out, not how many are open). One idle longer than
+//     expire (10 s) is closed instead of used.
+//   - Each attempt's read waits at most readTimeout (2 s), or to the query's
+//     deadline if sooner. A write or read error on a connection taken from the
+//     stack (the server cut it at its query limit or idle timeout) is retried
+//     at once on another (ErrCachedClosed); any other error, a timeout
+//     included, fails the query (one upstream: forward tries no other).
+//   - Answers whose ID is not the query's are read past.
+//
+// It dials the same simulated upstream as the pool, through the same loaded
+// client machine, and is offered the same arrivals: whatever the upstream
+// does (query limits, idle timeouts, stalls, storms) it does to both.
+type forwardModel struct {
+	up *simUpstream
+
+	mu     sync.Mutex
+	idle   []*modelConn // guarded by mu: the stack, the most recently used last
+	closed bool         // guarded by mu
+}
+
+const (
+	forwardReadTimeout = 2 * time.Second
+	forwardExpire      = 10 * time.Second
+)
+
+type modelConn struct {
+	net.Conn
+	r    *bufio.Reader
+	used time.Time // when it was last put back
+}
+
+// errModelTimeout is the model's read timeout: forward's SERVFAIL.
+var errModelTimeout = errors.New("forward model: read timed out")
+
+// exchange sends m and returns its answer, or an error by deadline.
+func (f *forwardModel) exchange(m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	for ctx.Err() == nil {
+		c, cached, err := f.take(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rd := time.Now().Add(forwardReadTimeout)
+		if deadline.Before(rd) {
+			rd = deadline
+		}
+		r, err := c.exchange(m, rd)
+		if err == nil {
+			f.put(c)
+			return r, nil
+		}
+		c.Close()
+		if cached && !errors.Is(err, errModelTimeout) {
+			continue // ErrCachedClosed: forward retries at once
+		}
+		return nil, err
+	}
+	return nil, ctx.Err()
+}
+
+// take pops the most recently used idle connection, or dials one.
+func (f *forwardModel) take(ctx context.Context) (c *modelConn, cached bool, err error) {
+	f.mu.Lock()
+	for len(f.idle) > 0 {
+		c = f.idle[len(f.idle)-1]
+		f.idle = f.idle[:len(f.idle)-1]
+		if time.Since(c.used) <= forwardExpire {
+			f.mu.Unlock()
+			return c, true, nil
+		}
+		c.Close()
+	}
+	f.mu.Unlock()
+	raw, err := f.up.dial(ctx, false)
+	if err != nil {
+		return nil, false, err
+	}
+	return &modelConn{Conn: raw, r: bufio.NewReaderSize(raw, 64<<10)}, false, nil
+}
+
+func (f *forwardModel) put(c *modelConn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		c.Close()
+		return
+	}
+	c.used = time.Now()
+	f.idle = append(f.idle, c)
+}
+
+// close closes the idle connections; busy ones close when their query ends.
+func (f *forwardModel) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	for _, c := range f.idle {
+		c.Close()
+	}
+	f.idle = nil
+}
+
+// exchange writes m and reads its answer by deadline.
+func (c *modelConn) exchange(m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
+	wire, err := m.Pack()
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(deadline)
+	buf := binary.BigEndian.AppendUint16(nil, uint16(len(wire)))
+	if _, err := c.Write(append(buf, wire...)); err != nil {
+		return nil, modelErr(err)
+	}
+	for {
+		var head [2]byte
+		if _, err := io.ReadFull(c.r, head[:]); err != nil {
+			return nil, modelErr(err)
+		}
+		body := make([]byte, binary.BigEndian.Uint16(head[:]))
+		if _, err := io.ReadFull(c.r, body); err != nil {
+			return nil, modelErr(err)
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(body); err != nil {
+			return nil, err
+		}
+		if r.Id == m.Id {
+			return r, nil
+		}
+	}
+}
+
+func modelErr(err error) error {
+	if isNetTimeout(err) {
+		return errModelTimeout
+	}
+	return err
+}
