@@ -104,7 +104,7 @@ func (f *forwardModel) take(ctx context.Context) (c *modelConn, cached bool, err
 	if err != nil {
 		return nil, false, err
 	}
-	return &modelConn{Conn: raw, r: bufio.NewReaderSize(raw, 64<<10)}, false, nil
+	return &modelConn{Conn: raw, r: bufio.NewReaderSize(raw, 4<<10)}, false, nil
 }
 
 func (f *forwardModel) put(c *modelConn) {

@@ -43,9 +43,10 @@ import (
 // listed in testdata/property_seeds.txt and run first.
 
 var (
-	propertySeeds = flag.Int("property.seeds", 200, "how many seeds TestProperty draws (from 1)")
-	propertySeed  = flag.Uint64("property.seed", 0, "run TestProperty for this seed alone")
-	propertyMax   = flag.Int("property.queries", 1500, "the most queries a TestProperty seed offers")
+	propertySeeds     = flag.Int("property.seeds", 200, "how many seeds TestProperty draws (from 1)")
+	propertySeed      = flag.Uint64("property.seed", 0, "run TestProperty for this seed alone")
+	propertyFairSeeds = flag.Int("property.fairseeds", 50, "how many seeds TestPropertyJudgesForwardEqual draws (from 1)")
+	propertyMax       = flag.Int("property.queries", 1500, "the most queries a TestProperty seed offers")
 )
 
 // propertySlack is how long after its deadline a query may still end: the
@@ -67,6 +68,25 @@ func TestProperty(t *testing.T) {
 			if msg := judgeSeed(pool, model); msg != "" {
 				t.Errorf("Seed %d: %s\n  upstream: %v\n  load: %v\n  pool:  %v\n  model: %v\n  replay: go test ./dot/ -run 'TestProperty/seed=%d$'",
 					seed, msg, b, ld, pool, model, seed)
+			}
+		})
+	}
+}
+
+// The judge is fair: the model of forward, judged against itself (two runs of
+// each seed, each in its own bubble), passes. Were it to fail, the assertions
+// would ask the pool for more than forward itself can do, or the runs of a
+// seed would differ by more than the margins allow.
+func TestPropertyJudgesForwardEqual(t *testing.T) {
+	lim := drawLimits{maxQueries: *propertyMax, maxLength: 3 * time.Second}
+	for seed := uint64(1); seed <= uint64(*propertyFairSeeds); seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			b, ld := drawSeed(seed, lim)
+			first, second := runForward(t, &b, ld), runForward(t, &b, ld)
+			if msg := judgeSeed(second, first); msg != "" {
+				t.Errorf("Seed %d: the model judged against itself: %s\n  upstream: %v\n  load: %v\n  first:  %v\n  second: %v",
+					seed, msg, b, ld, first, second)
 			}
 		})
 	}

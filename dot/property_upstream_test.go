@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,7 +29,7 @@ type simUpstream struct {
 	tls   *tls.Config
 
 	mu     sync.Mutex
-	jitter *rand.Rand            // guarded by mu
+	asked  map[string]int        // guarded by mu: how often each name was taken up
 	conns  map[*simConn]struct{} // guarded by mu: open connections
 	peak   int                   // guarded by mu: the most connections ever open at once
 	dials  int                   // guarded by mu
@@ -47,8 +49,8 @@ func newSimUpstream(t *testing.T, b *behaviour) *simUpstream {
 	cfg.CurvePreferences = []tls.CurveID{tls.X25519} // as dottest's pipe servers: CPU is not what is tested
 	return &simUpstream{
 		b: b, start: time.Now(), cert: cert, tls: cfg,
-		jitter: rand.New(rand.NewPCG(b.seed, 1)),
-		conns:  map[*simConn]struct{}{},
+		asked: map[string]int{},
+		conns: map[*simConn]struct{}{},
 	}
 }
 
@@ -84,10 +86,19 @@ func (u *simUpstream) connClosed(sc *simConn) {
 	delete(u.conns, sc)
 }
 
-func (u *simUpstream) drawJitter() float64 {
+// drawJitter draws the jitter of an answer to name, in [-1, 1]: from the seed,
+// the name and how often it was asked before, so that a replay of the seed
+// draws the same for the same attempts, whatever order the goroutines ran in.
+func (u *simUpstream) drawJitter(name string) float64 {
+	name = strings.ToLower(name)
 	u.mu.Lock()
-	defer u.mu.Unlock()
-	return 2*u.jitter.Float64() - 1
+	n := u.asked[name]
+	u.asked[name]++
+	u.mu.Unlock()
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	r := rand.New(rand.NewPCG(u.b.seed^uint64(n+1)*0x2545f4914f6cdd1d, h.Sum64()))
+	return 2*r.Float64() - 1
 }
 
 // stats returns the peak of open connections and the dials.
@@ -177,7 +188,7 @@ func (sc *simConn) serve(withTLS bool) {
 		}
 		sc.c = tc
 	}
-	r := bufio.NewReaderSize(sc.c, 64<<10)
+	r := bufio.NewReaderSize(sc.c, 4<<10)
 	for received := 1; ; received++ {
 		wire, err := sc.readQuery(r)
 		if err != nil {
@@ -251,7 +262,7 @@ func (sc *simConn) take(wire []byte) {
 
 func (sc *simConn) answer(q *dns.Msg) {
 	defer sc.addOutstanding(-1)
-	d := sc.u.b.answerTime(q.Question[0].Name, sc.u.since(), sc.u.drawJitter())
+	d := sc.u.b.answerTime(q.Question[0].Name, sc.u.since(), sc.u.drawJitter(q.Question[0].Name))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
