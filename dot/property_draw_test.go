@@ -5,7 +5,9 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -32,6 +34,7 @@ type behaviour struct {
 	stalls    []spell       // the server answers nothing; answers due meanwhile come at the end
 	storms    []spell       // answer times grow factor times (a handshake storm on a loaded upstream)
 	loaded    []spell       // the client's machine is loaded: each read of a connection returns delay late, each dial 5×delay late
+	silent    bool          // the server reads queries and answers none
 }
 
 // spell is a spell of a behaviour, from at after the load's start.
@@ -113,6 +116,8 @@ func drawSeed(seed uint64, lim drawLimits) (behaviour, offeredLoad) {
 		w.length = logUniform(r, 50*time.Millisecond, time.Second)
 		w.delay = logUniform(r, 200*time.Microsecond, 20*time.Millisecond)
 	})
+	// Drawn last, so that adding it changed no other seed's draw.
+	b.silent = r.IntN(50) == 0
 	return b, ld
 }
 
@@ -233,10 +238,61 @@ func (b behaviour) String() string {
 	for _, w := range b.loaded {
 		fmt.Fprintf(&s, ", loaded client %v+%v (reads %v late)", w.at, w.length, w.delay)
 	}
+	if b.silent {
+		s.WriteString(", answers nothing")
+	}
 	return s.String()
 }
 
 func (l offeredLoad) String() string {
 	span := l.arrivals[len(l.arrivals)-1]
 	return fmt.Sprintf("%d queries at %.0f QPS over %v, deadline %v", len(l.arrivals), l.qps, span.Round(time.Millisecond), l.deadline)
+}
+
+// The default seeds cover the space: both orders, every distribution, answer
+// times and loads from one end of their ranges to the other, and each fault
+// several times; and a seed draws the same each time (a replay is the same
+// upstream).
+func TestPropertyDrawsTheWholeSpace(t *testing.T) {
+	lim := drawLimits{maxQueries: *propertyMax, maxLength: 3 * time.Second}
+	var inOrder, limited, idle, stalls, storms, loaded, silent int
+	dists := map[answerDist]int{}
+	minScale, maxScale := time.Hour, time.Duration(0)
+	minQPS, maxQPS := 1e9, 0.0
+	for seed := uint64(1); seed <= 200; seed++ {
+		b, ld := drawSeed(seed, lim)
+		if b2, ld2 := drawSeed(seed, lim); b2.String() != b.String() || !slices.Equal(ld.arrivals, ld2.arrivals) {
+			t.Fatalf("Seed %d drew %v, then %v", seed, b, b2)
+		}
+		inOrder += btoi(b.inOrder)
+		limited += btoi(b.limit > 0)
+		idle += btoi(b.idle > 0)
+		stalls += btoi(len(b.stalls) > 0)
+		storms += btoi(len(b.storms) > 0)
+		loaded += btoi(len(b.loaded) > 0)
+		silent += btoi(b.silent)
+		dists[b.dist]++
+		minScale, maxScale = min(minScale, b.scale), max(maxScale, b.scale)
+		minQPS, maxQPS = min(minQPS, ld.qps), max(maxQPS, ld.qps)
+	}
+	for what, n := range map[string]int{"in order": inOrder, "out of order": 200 - inOrder, "query limits": limited,
+		"idle timeouts": idle, "stalls": stalls, "storms": storms, "loaded clients": loaded, "silent upstreams": silent,
+		"constant": dists[distConstant], "bimodal": dists[distBimodal], "pareto": dists[distPareto], "lognormal": dists[distLognormal]} {
+		if n < 3 {
+			t.Errorf("%d of 200 seeds draw %s, want 3 or more", n, what)
+		}
+	}
+	if minScale > 200*time.Microsecond || maxScale < 200*time.Millisecond {
+		t.Errorf("Answer-time scales drawn from %v to %v, want from 0.2 ms or less to 200 ms or more", minScale, maxScale)
+	}
+	if minQPS > 30 || maxQPS < 2500 {
+		t.Errorf("Loads drawn from %.0f to %.0f QPS, want from 30 QPS or less to 2,500 or more", minQPS, maxQPS)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

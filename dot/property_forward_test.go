@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/miekg/dns"
@@ -164,4 +165,52 @@ func modelErr(err error) error {
 		return errModelTimeout
 	}
 	return err
+}
+
+// The model of forward does what the property test says it does: one query
+// per connection, as many connections as the load needs (so no query waits
+// for another, in order or not), and no query lost to a server's query limit
+// or idle timeout (a cut connection taken from the stack is retried at once).
+func TestForwardModel(t *testing.T) {
+	const service, handshake = 30 * time.Millisecond, time.Millisecond
+	every := func(n int, gap time.Duration) offeredLoad {
+		ld := offeredLoad{qps: float64(time.Second / gap), deadline: 5 * time.Second}
+		for i := range n {
+			ld.arrivals = append(ld.arrivals, time.Duration(i)*gap)
+		}
+		return ld
+	}
+	for _, tc := range []struct {
+		name      string
+		b         behaviour
+		ld        offeredLoad
+		slowest   time.Duration // the most any query may take
+		minDials  int
+		peakRange [2]int
+	}{
+		// Issue 21's distant in-order upstream: 2,000 QPS × 30 ms is 60
+		// queries in flight, each on a connection of its own.
+		{"in order", behaviour{inOrder: true, scale: service, handshake: handshake},
+			every(1000, 500*time.Microsecond), service + handshake, 60, [2]int{60, 64}},
+		{"query limit", behaviour{scale: time.Millisecond, handshake: handshake, limit: 10},
+			every(500, time.Millisecond), time.Millisecond + 2*handshake, 50, [2]int{1, 4}},
+		{"idle timeout", behaviour{scale: time.Millisecond, handshake: handshake, idle: 50 * time.Millisecond},
+			every(20, 100*time.Millisecond), time.Millisecond + handshake, 20, [2]int{1, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.b.seed = 1
+			o := runForward(t, &tc.b, tc.ld)
+			if o.answered != len(tc.ld.arrivals) {
+				t.Errorf("Answered %d of %d queries: %v", o.answered, len(tc.ld.arrivals), o)
+			}
+			if slowest := o.took[len(o.took)-1]; slowest > tc.slowest {
+				t.Errorf("The slowest query took %v, want at most %v", slowest, tc.slowest)
+			}
+			if o.dials < tc.minDials || o.peak < tc.peakRange[0] || o.peak > tc.peakRange[1] {
+				t.Errorf("%d dials, at most %d connections at once; want %d dials or more and from %d to %d connections",
+					o.dials, o.peak, tc.minDials, tc.peakRange[0], tc.peakRange[1])
+			}
+		})
+	}
 }

@@ -252,6 +252,9 @@ func (sc *simConn) take(wire []byte) {
 	if q.Unpack(wire) != nil || len(q.Question) != 1 {
 		return
 	}
+	if sc.u.b.silent {
+		return
+	}
 	sc.addOutstanding(1)
 	if sc.u.b.inOrder {
 		sc.answer(q)
