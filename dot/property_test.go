@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -59,13 +60,17 @@ const propertySeedsFile = "testdata/property_seeds.txt"
 
 func TestProperty(t *testing.T) {
 	lim := drawLimits{maxQueries: *propertyMax, maxLength: 3 * time.Second}
-	for _, seed := range propertySeedList(t) {
+	seeds := propertySeedList(t)
+	var sum failSummary
+	t.Cleanup(func() { sum.log(t, len(seeds)) })
+	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
 			b, ld := drawSeed(seed, lim)
 			model := runForward(t, &b, ld)
 			pool := runPool(t, &b, ld)
 			if msg := judgeSeed(pool, model); msg != "" {
+				sum.add(seed, msg)
 				t.Errorf("Seed %d: %s\n  upstream: %v\n  load: %v\n  pool:  %v\n  model: %v\n  replay: go test ./dot/ -run 'TestProperty/seed=%d$'",
 					seed, msg, b, ld, pool, model, seed)
 			}
@@ -89,6 +94,46 @@ func TestPropertyJudgesForwardEqual(t *testing.T) {
 					seed, msg, b, ld, first, second)
 			}
 		})
+	}
+}
+
+// failSummary collects the seeds that failed, by assertion, for one line
+// each at the end of the run.
+type failSummary struct {
+	mu     sync.Mutex
+	failed map[string][]uint64 // guarded by mu: seeds by the assertion they failed
+	n      int                 // guarded by mu: seeds that failed
+}
+
+// failWords name the assertions in judgeSeed's messages.
+var failWords = map[string]string{"answered": "answered", "lost": "lost", "p99": "p99", "connections at once": "connections"}
+
+func (s *failSummary) add(seed uint64, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed == nil {
+		s.failed = map[string][]uint64{}
+	}
+	s.n++
+	for word, name := range failWords {
+		if strings.Contains(msg, word) {
+			s.failed[name] = append(s.failed[name], seed)
+		}
+	}
+}
+
+func (s *failSummary) log(t *testing.T, seeds int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		return
+	}
+	t.Logf("%d of %d seeds failed", s.n, seeds)
+	for _, name := range slices.Sorted(maps.Values(failWords)) {
+		if f := s.failed[name]; len(f) > 0 {
+			slices.Sort(f)
+			t.Logf("  %s (%d): %v", name, len(f), f)
+		}
 	}
 }
 
