@@ -100,8 +100,8 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
 		var best, quiet *conn
 		var load, quietLoad int32
-		near := false // best is near its end
-		counted := 0  // connections that count toward the cap
+		near, more := false, false // best is near its end; every connection with room is quiet
+		counted := 0               // connections that count toward the cap
 		for _, c := range *p.conns.Load() {
 			a := c.avail()
 			if p.countsTowardCap(a) {
@@ -120,13 +120,15 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			}
 		}
 		if best == nil {
-			best, load = quiet, quietLoad
+			// Every connection with room is quiet: its queries may wait
+			// behind a slow one, so the next connection is dialled now.
+			best, load, more = quiet, quietLoad, true
 		}
 		if best == nil {
 			return nil
 		}
 		if best.register(cl) {
-			if (near || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() < maxParallelDials {
+			if (near || more || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() < maxParallelDials {
 				p.dialNow()
 			}
 			return best
