@@ -8,8 +8,9 @@
 // upstream serves a connection (its mode): out of order, a few full connections
 // carry any load; in order, a query waits for every one before it, so each goes to
 // an idle connection and there are as many as the load needs (sizing.go). A query
-// stuck behind a slow answer is sent once more elsewhere (rescue.go). The package
-// knows nothing of CoreDNS: it takes and returns *dns.Msg.
+// shown stuck behind a slow answer (not merely slow) is sent once more
+// elsewhere (rescue.go). The package knows nothing of CoreDNS: it takes and
+// returns *dns.Msg.
 //
 // # Files
 //
@@ -19,7 +20,11 @@
 //   - rescue.go: blocked connections, rescues and the race of a query's two attempts.
 //   - exchange.go: one query's way through the pool: attempts, moves, the replay.
 //   - call.go: a call, one attempt of a query on one connection, and its states.
-//   - conn.go: a connection: its call table, IDs, states (open, draining, closed).
+//   - conn.go: a connection: its call table, IDs, life (open, draining, closed)
+//     and its one state for a new query (avail: taking, quiet, near its end,
+//     blocked, draining, closed).
+//   - census.go: the connections counted by state and load, for dial, sizing,
+//     the sweeper and Stats.
 //   - writer.go, reader.go: a connection's two goroutines.
 //   - records.go: how a batch of queries is framed into TLS records, and the trial.
 //   - batchconn.go: the socket under TLS: one write per batch, the write deadline
@@ -55,19 +60,35 @@
 //     (an answer overtook a query written before it), in order (rescues won by
 //     far: the stuck query's first copy came 50 ms or more after the rescue's
 //     answer; or answers queued behind each other come a millisecond or more
-//     apart), or unknown.
+//     apart), or unknown. Each is held by decayed counts that answers keep
+//     renewing, and left only on evidence as strong as what made it: in order
+//     is left when queries alone on their connection stay four times slower
+//     for sweeps on end (crowded: more connections made the upstream busier),
+//     and entered again only while in order would halve the mean answer time
+//     it measured; nothing is barred for a time (see serveMode.update).
 //   - usual answer time: of a query written on a connection with nothing
-//     outstanding, averaged; it scales the rescue delay.
+//     outstanding, averaged; it scales the rescue delay and the record trial's
+//     wait for its first answer.
 //   - blocked: a connection that has read nothing for the rescue delay while a
-//     query has waited that long behind an older one; it takes no new query.
+//     query has waited that long behind an older one, and something shows that
+//     it waits behind it rather than being slow itself (the mode is in order,
+//     answers came queued behind others lately, a query written after it was
+//     answered, or it has waited four mean answer times); it takes no new query.
+//   - quiet: a connection that has read nothing for the rescue delay while
+//     queries wait behind an older one, not (yet) shown blocked: it takes new
+//     queries only when no other connection has room.
 //   - rescue: a query stuck on a blocked connection is sent once more on another
 //     (idle) connection; the first answer wins, the other attempt is given up and
-//     its late answer dropped (reason rescued).
+//     its late answer dropped (reason rescued). A query that is merely slow is
+//     never rescued.
 //   - probe: in order, one query in 256 is put behind a just-written one on
 //     purpose, so that an upstream that starts answering out of order shows it.
 //   - near its end: a connection past half the query limit or close to MaxAge;
 //     its successor is dialled then (make before break).
-//   - taking: a connection that takes new queries (not draining, not blocked).
+//   - taking: a connection that takes new queries: its state (conn.avail) is
+//     taking, quiet or near its end, not blocked, draining or closed. One census
+//     of these states (census.go) is what dial, sizing, the sweeper and Stats
+//     count (Stats.Taking and the conns_taking gauge are the same number).
 //   - strike: a failed dial or connection, counted by the reconnect backoff.
 //   - failure: what the Observer's Failed reports: a fault of the upstream itself
 //     (used for health), as opposed to one slow or lost query.
