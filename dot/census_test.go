@@ -50,7 +50,9 @@ func TestCensus(t *testing.T) {
 		t.Errorf("Stats: %d taking, %d blocked of %d, want 3, 1 of 6", s.Taking, s.Blocked, s.Conns)
 	}
 	rec := p.obs.(*recorder)
-	waitFor(t, "the sizing to report the connections taking queries", func() bool {
-		return rec.get(func(r *recorder) int { return r.open }) == p.Stats().Taking
-	})
+	open := func(r *recorder) int { return r.open }
+	waitFor(t, "the sizing to report the connections taking queries", func() bool { return rec.get(open) != 0 })
+	if got := rec.get(open); got != 3 {
+		t.Errorf("The sizing reported %d connections taking queries, want 3 as Stats counts them", got)
+	}
 }
