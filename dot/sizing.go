@@ -115,7 +115,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			case best != nil || l >= slots:
 			case a != availQuiet:
 				best, load, near = c, l, a == availNearEnd
-			case quiet == nil:
+			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
 				quiet, quietLoad = c, l
 			}
 		}
