@@ -40,7 +40,7 @@ import (
 //     upstream, as it sees them).
 //
 // A failure prints the seed and what was drawn; replay it with
-// -run 'TestProperty/seed=N$' or -property.seed=N. Seeds that failed once are
+// -run 'TestProperty$/seed=N$' or -property.seed=N. Seeds that failed once are
 // listed in testdata/property_seeds.txt and run first. More seeds, and longer
 // loads: go test ./dot/ -run 'TestProperty$' -property.seeds=2000
 // -property.queries=5000 (flags after the package). A replay is the same
@@ -75,16 +75,17 @@ func TestProperty(t *testing.T) {
 	lim := drawLimits{maxQueries: *propertyMax, maxLength: 3 * time.Second}
 	seeds := propertySeedList(t)
 	var sum failSummary
-	t.Cleanup(func() { sum.log(t, len(seeds)) })
+	t.Cleanup(func() { sum.log(t) })
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
 			b, ld := drawSeed(seed, lim)
 			model := runForward(t, &b, ld)
 			pool := runPool(t, &b, ld)
-			if msg := judgeSeed(pool, model); msg != "" {
-				sum.add(seed, msg)
-				t.Errorf("Seed %d: %s\n  upstream: %v\n  load: %v\n  pool:  %v\n  model: %v\n  replay: go test ./dot/ -run 'TestProperty/seed=%d$'",
+			msg := judgeSeed(pool, model)
+			sum.add(seed, msg)
+			if msg != "" {
+				t.Errorf("Seed %d: %s\n  upstream: %v\n  load: %v\n  pool:  %v\n  model: %v\n  replay: go test ./dot/ -run 'TestProperty$/seed=%d$'",
 					seed, msg, b, ld, pool, model, seed)
 			}
 		})
@@ -116,14 +117,20 @@ type failSummary struct {
 	mu     sync.Mutex
 	failed map[string][]uint64 // guarded by mu: seeds by the assertion they failed
 	n      int                 // guarded by mu: seeds that failed
+	ran    int                 // guarded by mu: seeds judged
 }
 
 // failWords name the assertions in judgeSeed's messages.
 var failWords = map[string]string{"answered": "answered", "lost": "lost", "p99": "p99", "connections at once": "connections"}
 
+// add counts a seed judged, failed if msg is not "".
 func (s *failSummary) add(seed uint64, msg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.ran++
+	if msg == "" {
+		return
+	}
 	if s.failed == nil {
 		s.failed = map[string][]uint64{}
 	}
@@ -135,13 +142,13 @@ func (s *failSummary) add(seed uint64, msg string) {
 	}
 }
 
-func (s *failSummary) log(t *testing.T, seeds int) {
+func (s *failSummary) log(t *testing.T) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.n == 0 {
 		return
 	}
-	t.Logf("%d of %d seeds failed", s.n, seeds)
+	t.Logf("%d of %d seeds failed", s.n, s.ran)
 	for _, name := range slices.Sorted(maps.Values(failWords)) {
 		if f := s.failed[name]; len(f) > 0 {
 			slices.Sort(f)
