@@ -147,12 +147,11 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
 		for _, c := range *p.conns.Load() {
-			a := c.avail()
-			if !c.accepts(a, cl) {
+			if !c.accepts(c.avail(), cl) {
 				continue
 			}
 			l := c.load.Load()
-			if l == 0 && a != availNearEnd {
+			if l == 0 && !c.nearEnd.Load() { // near its end: taking, but no spare
 				if idle++; idle > inOrderSpares {
 					break // the spares are left after this one
 				}
