@@ -67,8 +67,7 @@
 //     and entered again only while in order would halve the mean answer time
 //     it measured; nothing is barred for a time (see serveMode.update).
 //   - usual answer time: of a query written on a connection with nothing
-//     outstanding, averaged; it scales the rescue delay and the record trial's
-//     wait for its first answer.
+//     outstanding, averaged; it scales the rescue delay.
 //   - blocked: a connection that has read nothing for the rescue delay while a
 //     query has waited that long behind an older one, and something shows that
 //     it waits behind it rather than being slow itself (the mode is in order,

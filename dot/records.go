@@ -26,9 +26,7 @@ import (
 // queries of a batch of three or more go in one record, and nothing more is written
 // on that connection until the second is answered (the server read past the first
 // query without more bytes coming: records can be shared) or the first is answered
-// and the second not within a grace (one query per record), or the first is not
-// answered within a few usual answer times (nothing can be told: one query per
-// record, see trialFirstWait). The rest of the batch
+// and the second not within a grace (one query per record). The rest of the batch
 // then goes out, and its bytes wake a server that was waiting. A "shared" verdict
 // is kept for learnedTTL, a "one per record" one for less (see ownTTL); until
 // there is one, each query has a record of its own.
@@ -36,9 +34,6 @@ import (
 const (
 	// trialTimeout bounds how long a trial holds a connection's writes.
 	trialTimeout = 250 * time.Millisecond
-	// trialFirstFactor: the trial waits for its first answer this many usual
-	// answer times, and two rescue delays at least (see trialFirstWait).
-	trialFirstFactor = 4
 	// minTrialGrace is the least time the second query gets after the first is
 	// answered; it also gets twice as long as the first took. A busy server may
 	// be slow to come back to the second query, and a wrong "one per record"
@@ -88,7 +83,7 @@ func (c *conn) trial(batch []*call) (int, error) {
 // the reader reports them on trialc (where a late answer to an earlier trial's
 // query may also turn up).
 func (c *conn) trialVerdict(first, second *call, start time.Time) verdict {
-	t := time.NewTimer(c.pool.trialFirstWait())
+	t := time.NewTimer(trialTimeout)
 	defer t.Stop()
 	firstIn := false // after it, the timer is the second query's grace
 	for {
@@ -107,18 +102,6 @@ func (c *conn) trialVerdict(first, second *call, start time.Time) verdict {
 			return verdictNone
 		}
 	}
-}
-
-// trialFirstWait is how long a trial waits for its first answer, holding the
-// connection's writes: a few usual answer times, two rescue delays at least,
-// trialTimeout at most. An upstream whose every answer is slow (300 ms) keeps
-// the first answer longer than that: the trial then finds nothing out (one
-// query a record, as without a verdict, see ownTTL), rather than hold the
-// queries queued behind it for trialTimeout, which no rescue frees any more
-// (nothing is blocked, see rescue.go).
-func (p *Pool) trialFirstWait() time.Duration {
-	d := max(2*p.rescueDelay(), trialFirstFactor*p.learned.mode.base.Load())
-	return min(time.Duration(d), trialTimeout)
 }
 
 // trialAnswered tells the trial waiting on this connection, if any, that its

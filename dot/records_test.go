@@ -115,9 +115,7 @@ func verdicts(r *recorder) []bool {
 // 250 ms while queries kept being queued on it.)
 func TestTrialEndsOnAnswersNobodyWaitsFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// Within the trial's wait for its first answer (two rescue delays
-		// while no usual answer time is known, see trialFirstWait).
-		const slow = 8 * minRescueDelay / 5
+		const slow = 60 * time.Millisecond
 		delay := func(q dns.Question) time.Duration {
 			if strings.HasPrefix(q.Name, "gone") {
 				return slow
@@ -137,7 +135,7 @@ func TestTrialEndsOnAnswersNobodyWaitsFor(t *testing.T) {
 		// The trial's two queries, whose callers give up long before the answers come.
 		for i := range 2 {
 			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), slow*5/8)
+				ctx, cancel := context.WithTimeout(context.Background(), slow/3)
 				defer cancel()
 				p.Exchange(ctx, newQuery(fmt.Sprintf("gone%d.example.", i), dns.TypeA))
 			})

@@ -158,9 +158,11 @@ func TestUniformlySlowUpstreamNoRescues(t *testing.T) {
 				sm := sample(p)
 				out := offer(p, 100, 0, name)
 				sm.end()
-				// The record trial holds the connection's writes for two rescue
-				// delays (trialFirstWait), a handshake takes a millisecond.
-				checkOutcomes(t, out, func(string) time.Duration { return slow + 2*minRescueDelay + 2*time.Millisecond })
+				// The record trial holds the connection's writes until its
+				// first answer, trialTimeout at most: the queries queued
+				// behind it wait that long (not fixed: issue 21), and a
+				// handshake takes a millisecond.
+				checkOutcomes(t, out, func(string) time.Duration { return slow + trialTimeout + 2*time.Millisecond })
 				want := int64(100)
 				if pairs {
 					want = 50
