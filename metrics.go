@@ -171,7 +171,7 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
 		Name:      "max_concurrent_rejects_total",
-		Help:      "Counter of queries refused because max_concurrent queries were in flight.",
+		Help:      "Counter of queries refused because max_concurrent queries were being served.",
 	})
 )
 

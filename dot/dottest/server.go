@@ -55,7 +55,9 @@ type Options struct {
 	Cert *Cert
 	// TLS adjusts the server's TLS configuration.
 	TLS func(*tls.Config)
-	// Addr is the listen address. Default "127.0.0.1:0".
+	// Addr is the listen address. Default "127.0.0.1:0". With Pipe, nothing
+	// listens and Addr is only the server's name (default 127.0.0.1:853): give
+	// each of a test's Pipe servers its own, for whatever is keyed by address.
 	Addr string
 	// Pipe serves connections made by Server.Dial over in-memory pipes (see the
 	// function Pipe) instead of listening: for tests under testing/synctest, whose clock only advances
@@ -105,8 +107,9 @@ func New(opts Options) (*Server, error) {
 		}
 		opts.Cert = c
 	}
+	named := opts.Addr
 	if opts.Addr == "" {
-		opts.Addr = "127.0.0.1:0"
+		opts.Addr, named = "127.0.0.1:0", pipeAddr
 	}
 	cfg := opts.Cert.ServerTLS()
 	cfg.NextProtos = []string{"dot"}
@@ -117,7 +120,7 @@ func New(opts Options) (*Server, error) {
 		opts.TLS(cfg)
 	}
 	s := &Server{
-		Addr: pipeAddr, ServerName: ServerName, Cert: opts.Cert,
+		Addr: named, ServerName: ServerName, Cert: opts.Cert,
 		opts: opts, tls: cfg, open: map[net.Conn]struct{}{},
 	}
 	s.inOrder.Store(opts.InOrder)
