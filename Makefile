@@ -10,7 +10,7 @@ IMAGE_ARCHIVE ?= _output/dotforward-image.oci.tar
 export IMAGE_NAME IMAGE_TAG IMAGE_SOURCE IMAGE_GOFLAGS IMAGE_LDFLAGS IMAGE_CAPS \
 	IMAGE_USER IMAGE_CA_BUNDLE IMAGE_PORTS IMAGE_ENTRYPOINT IMAGE_CMD IMAGE_ARCHS IMAGE_ARCHIVE
 
-.PHONY: build test test-deps image bench bench-blackhole bench-regimes bench-hedge clean
+.PHONY: build test test-property test-deps image bench bench-blackhole bench-regimes bench-hedge clean
 
 # build writes ./coredns: every standard CoreDNS plugin plus dotforward.
 build:
@@ -22,6 +22,14 @@ build:
 test: test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+# test-property runs the property test's verdicts on the pool (dot/property_verdict_test.go,
+# build tag property): seeded upstreams and loads, the pool beside a model of forward.
+# Not part of make test until the pool passes them (issue 21). PROPERTY_SEEDS sets
+# how many seeds.
+PROPERTY_SEEDS ?= 200
+test-property:
+	$(GO) test -tags property -count=1 -timeout 30m -run 'TestProperty' ./dot/ -property.seeds=$(PROPERTY_SEEDS)
 
 test-deps:
 	bash scripts/install-deps.sh

@@ -75,7 +75,7 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
 		Name:      "conns_taking",
-		Help:      "Gauge of the open connections to each upstream that take new queries: not draining, not blocked behind a slow answer, not near their end.",
+		Help:      "Gauge of the open connections to each upstream that take new queries: not draining, not blocked behind a slow answer (those near their end included).",
 	}, []string{"to"})
 	rescuesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Namespace: plugin.Namespace,
@@ -197,7 +197,7 @@ type observer struct {
 	noError       prometheus.Counter // the common rcode, bound in advance
 	rescues       prometheus.Counter
 	wanted        prometheus.Gauge
-	counted       prometheus.Gauge // conns_taking: taking and not near their end
+	taking        prometheus.Gauge // conns_taking: connections taking queries (near their end included), as dot.Stats.Taking
 
 	// Bound by bindHedging, for lines with hedge only; nil otherwise.
 	hedges        prometheus.Counter
@@ -231,7 +231,7 @@ func newObserver(to string) *observer {
 		noError:       responsesTotal.WithLabelValues(to, rcodeLabel(dns.RcodeSuccess)),
 		rescues:       rescuesTotal.WithLabelValues(to),
 		wanted:        connsWanted.WithLabelValues(to),
-		counted:       connsTaking.WithLabelValues(to),
+		taking:        connsTaking.WithLabelValues(to),
 	}
 }
 
@@ -319,9 +319,9 @@ func (o *observer) ModeLearned(m dot.Mode, perConn int) {
 }
 
 // Sized implements dot.SizeObserver.
-func (o *observer) Sized(wanted, counted int) {
+func (o *observer) Sized(wanted, taking int) {
 	o.wanted.Set(float64(wanted))
-	o.counted.Set(float64(counted))
+	o.taking.Set(float64(taking))
 }
 
 // Rescued implements dot.SizeObserver.

@@ -29,11 +29,13 @@ type conn struct {
 	born   int64         // unix ns
 
 	load      atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
-	unusable  atomic.Bool  // closed or draining; written under mu
+	unusable  atomic.Bool  // closed, draining or failed to write; written under mu
+	closed    atomic.Bool  // closed; written under mu (before unusable)
 	nearEnd   atomic.Bool  // half the learned query limit taken, or near MaxAge: time to dial its successor
 	reads     atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
 	lastUsed  atomic.Int64 // pool clock (coarse) of the last query registered or answered
 	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
+	quietAt   atomic.Int64 // reads+1 when the sweeper found it reading nothing for the rescue delay with queries waiting: quiet until the next frame
 	wroteAt   atomic.Int64 // unix ns of the last write of queries
 	wseq      uint32       // writer goroutine only: calls written so far
 
@@ -244,6 +246,63 @@ func (c *conn) release(cl *call, lost bool, wonAt int64) (result, bool) {
 	}
 }
 
+// avail is what a connection can do for a new query: its one state as pick,
+// dial, sizing, the sweeper and Stats see it (see census.go). The states are
+// ordered: each one below takes less than the one above.
+type avail uint8
+
+const (
+	availTaking   avail = iota // takes new queries
+	availQuiet                 // takes them, last: it read nothing for the rescue delay with queries waiting
+	availNearEnd               // takes them; its successor is due (half the query limit, or near MaxAge)
+	availBlocked               // takes none until it reads again: blocked behind a slow answer (rescue.go)
+	availDraining              // takes none again: draining, or its writer failed; closes soon
+	availClosed                // closed; the pool forgets it
+	availCount
+)
+
+// avail returns c's state, lock-free: the one test of whether c can take a
+// query. Each part is an atomic written under mu (unusable, closed, nearEnd)
+// or by the sweeper (blockedAt, quietAt: until the reader reads again).
+func (c *conn) avail() avail {
+	switch {
+	case c.unusable.Load():
+		if c.closed.Load() {
+			return availClosed
+		}
+		return availDraining
+	case c.blocked():
+		return availBlocked
+	case c.nearEnd.Load():
+		return availNearEnd
+	case c.quiet():
+		return availQuiet
+	}
+	return availTaking
+}
+
+// blocked reports whether the sweeper found c blocked and it has read nothing since.
+func (c *conn) blocked() bool {
+	b := c.blockedAt.Load()
+	return b != 0 && b == c.reads.Load()+1
+}
+
+// quiet reports whether the sweeper found c reading nothing for the rescue
+// delay while queries wait behind another, and it has read nothing since:
+// nothing shows yet that they are blocked (see rescue.go), but a query put
+// there may be, so one goes there only if no other connection has room.
+func (c *conn) quiet() bool {
+	q := c.quietAt.Load()
+	return q != 0 && q == c.reads.Load()+1
+}
+
+// takes reports whether a connection in state a takes new queries.
+func (a avail) takes() bool { return a <= availNearEnd }
+
+// open reports whether a connection in state a is open and will be used again
+// (neither draining nor closed).
+func (a avail) open() bool { return a < availDraining }
+
 // connState is where a connection is in its life. The transitions, all under
 // conn.mu, are open → draining (setDrainingLocked: no new queries, and it closes
 // once its last answer is in) and open or draining → closed (closeFor, once).
@@ -306,6 +365,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	wasOpen := c.state == stateOpen
 	c.state = stateClosed
 	c.pool.closing.Add(1) // before unusable: no dial may start until connClosed has judged this one
+	c.closed.Store(true)
 	c.unusable.Store(true)
 	live := make([]*call, 0, len(c.calls))
 	for _, cl := range c.calls {

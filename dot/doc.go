@@ -8,19 +8,24 @@
 // upstream serves a connection (its mode): out of order, a few full connections
 // carry any load; in order, a query waits for every one before it, so each goes to
 // an idle connection and there are as many as the load needs (sizing.go). A query
-// stuck behind a slow answer is sent once more elsewhere (rescue.go). The package
-// knows nothing of CoreDNS: it takes and returns *dns.Msg. Every number and
-// heuristic named here, and why it is what it is, is in docs/design.md.
+// shown stuck behind a slow answer (not merely slow) is sent once more
+// elsewhere (rescue.go). The package knows nothing of CoreDNS: it takes and
+// returns *dns.Msg. Every number and heuristic named here, and why it is what
+// it is, is in docs/design.md.
 //
 // # Files
 //
 //   - pool.go: the Pool: waiting for a connection, dialing, closing.
 //   - sizing.go: picking a connection for a call as the mode says, how many
 //     connections the load wants, when to dial (the cap, parallel dials, successors).
-//   - rescue.go: blocked connections, rescues and the first answer of a query.s two attempts.
+//   - rescue.go: blocked connections, rescues and the first answer of a query's two attempts.
 //   - exchange.go: one query's way through the pool: attempts, moves, the replay.
 //   - call.go: a call, one attempt of a query on one connection, and its states.
-//   - conn.go: a connection: its call table, IDs, states (open, draining, closed).
+//   - conn.go: a connection: its call table, IDs, life (open, draining, closed)
+//     and its one state for a new query (avail: taking, quiet, near its end,
+//     blocked, draining, closed).
+//   - census.go: the connections counted by state and load, for dial, sizing,
+//     the sweeper and Stats.
 //   - writer.go, reader.go: a connection's two goroutines.
 //   - records.go: how a batch of queries is framed into TLS records, and the trial.
 //   - batchconn.go: the socket under TLS: one write per batch, the write deadline
@@ -56,26 +61,40 @@
 //   - mode: how the upstream serves the queries of one connection: out of order
 //     (an answer overtook a query written before it), in order (rescues won by
 //     far, or answers queued behind each other coming apart: see
-//     docs/design.md for the thresholds), or unknown.
+//     docs/design.md for the thresholds), or unknown. Each is held by decayed
+//     counts that answers keep renewing, and left only on evidence as strong as
+//     what made it: in order is left when queries alone on their connection
+//     stay four times slower for sweeps on end (crowded: more connections made
+//     the upstream busier), and entered again only while in order would halve
+//     the mean answer time it measured; nothing is barred for a time (see
+//     serveMode.update).
 //   - usual answer time: of a query written on a connection with nothing
 //     outstanding, averaged (mode.usual); it scales the rescue delay. The
 //     plugin's answer time, what a client waits, is another quantity
 //     (docs/design.md, "Answer times").
 //   - blocked: a connection that has read nothing for the rescue delay while a
-//     query has waited that long behind an older one; it takes no new query.
+//     query has waited that long behind an older one, and something shows that
+//     it waits behind it rather than being slow itself (the mode is in order,
+//     answers came queued behind others lately, a query written after it was
+//     answered, or it has waited four mean answer times); it takes no new query.
+//   - quiet: a connection that has read nothing for the rescue delay while
+//     queries wait behind an older one, not (yet) shown blocked: it takes new
+//     queries only when no other connection has room.
 //   - rescue: a query stuck on a blocked connection is sent once more on another
 //     (idle) connection; the first answer of the two attempts wins (firstOfTwo),
-//     the other is given up and its late answer dropped (reason rescued). (A
-//     race is the plugin's hedge race.)
+//     the other is given up and its late answer dropped (reason rescued). A
+//     query that is merely slow is never rescued. (A race is the plugin's
+//     hedge race.)
 //   - order check: in order, one query in orderCheckEvery is put behind a
 //     just-written one on purpose, so that an upstream that starts answering
 //     out of order shows it. (A probe is the plugin's health probe.)
 //   - near its end: a connection past half the query limit or close to MaxAge;
 //     its successor is dialled then (make before break).
-//   - taking: a connection that takes new queries (not draining, not blocked):
-//     Stats.Taking. The sizing counts the taking ones that are not near their
-//     end (counted against the cap): SizeObserver.Sized's counted, shown as
-//     the conns_taking gauge.
+//   - taking: a connection that takes new queries: its state (conn.avail) is
+//     taking, quiet or near its end, not blocked, draining or closed. One census
+//     of these states (census.go) is what dial, sizing, the sweeper and Stats
+//     count (Stats.Taking, SizeObserver.Sized's taking and the conns_taking
+//     gauge are the same number).
 //   - strike: a failed dial or connection, counted by the reconnect backoff.
 //   - failure: what the Observer's Failed reports: a fault of the upstream itself
 //     (used for health), as opposed to one slow or lost query.

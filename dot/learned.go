@@ -163,8 +163,14 @@ func (m Mode) String() string {
 type answerLog struct {
 	lastSeq      uint32 // the latest-written call answered so far (write order, from 1)
 	lastAt       int64  // unix ns of the previous answer
+	lastSent     int64  // unix ns when the previous answer's call was written
 	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
+	// newestSent is the write time (unix ns) of the latest-written call
+	// answered on the connection: written under conn.mu, read by the sweeper
+	// without it, to tell a query waiting behind another (a later one was
+	// answered) from a slow one (see conn.stuckLocked).
+	newestSent atomic.Int64
 
 	answerStats // since the sweeper last collected them
 }
@@ -184,6 +190,11 @@ type evidence struct {
 	rescued    float64 // rescues answered sooner than their stuck query had already waited: in order
 	busy       float64 // answers to calls that were waiting when the previous answer came
 	busySlow   float64 // of those, the ones that came serialGap or more after that answer: in order, slow
+	// queued: of the busy answers, those that came within serialGap of the
+	// previous one although written minRescueDelay or more after it: they
+	// waited behind it (an answer slow in itself comes as long after its own
+	// write as the previous one did)
+	queued float64
 }
 
 // serialGap: a call that waited behind another answer and came this long or
@@ -196,6 +207,9 @@ const serialGap = time.Millisecond
 func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 	if seq == 0 {
 		return // never written: cannot be an answer
+	}
+	if sentAt > l.newestSent.Load() {
+		l.newestSent.Store(sentAt)
 	}
 	if sentAt != 0 && delivered {
 		t := now - sentAt
@@ -220,9 +234,11 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 		l.busy++
 		if now-l.lastAt >= int64(serialGap) {
 			l.busySlow++
+		} else if l.lastSent != 0 && sentAt-l.lastSent >= int64(minRescueDelay) {
+			l.queued++
 		}
 	}
-	l.lastSeq, l.lastAt = seq, now
+	l.lastSeq, l.lastAt, l.lastSent = seq, now, sentAt
 }
 
 // collect returns and clears what was noted since the last collect.
@@ -237,6 +253,7 @@ func (st *answerStats) add(o answerStats) {
 	st.inversions += o.inversions
 	st.busy += o.busy
 	st.busySlow += o.busySlow
+	st.queued += o.queued
 	st.aloneSum += o.aloneSum
 	st.aloneN += o.aloneN
 	st.sum += o.sum
@@ -244,18 +261,27 @@ func (st *answerStats) add(o answerStats) {
 }
 
 // serveMode is the learned Mode and the evidence behind it. The sweeper owns
-// everything but mode and usual, which the hot path reads.
+// everything but the atomics, which the hot path and the watch read.
+//
+// Every belief is held by decayed counts of what answers keep showing, and
+// left only on evidence at least as strong as what made it: no one reading
+// flips a mode, and nothing bars one for a time (see update).
 type serveMode struct {
 	mode   atomic.Int32 // a Mode
 	usual  atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
 	mean   atomic.Int64 // ns: the mean answer time of all queries, smoothed
 	rescue atomic.Bool  // rescues won lately: a hint of in-order before the evidence suffices
+	waits  atomic.Bool  // answers or rescues showed queries waiting behind others lately (see rescue.go)
 
 	until        int64    // unix ns until which mode holds without new evidence
 	inverted     int64    // unix ns of the last answer out of order seen
 	acc          evidence // decayed: each update keeps 7/8 of it (inversions unused)
-	inOrderUsual int64    // ns: usual when the mode last became in-order
-	barred       int64    // unix ns until which no evidence makes the upstream in-order (see update)
+	inOrderUsual int64    // ns: the least usual answer time since the mode last became in-order
+	crowded      float64  // decayed: updates in order whose queries alone were answered fourfold slower than inOrderUsual
+	// gainless: ns, the mean answer time in order when it was last left as
+	// crowded: in order again only if the mean answer time on few
+	// connections is gainFactor times that (0: none measured)
+	gainless int64
 }
 
 // Thresholds of the mode decision (see serveMode.update).
@@ -263,6 +289,17 @@ const (
 	minRescueEvidence = 2    // rescues won (decayed count) that make an upstream in-order
 	minSlowEvidence   = 8    // busy answers at least serialGap apart (decayed count)...
 	slowShare         = 0.75 // ...that are this share of the busy answers
+	// gainFactor: after in order was left as crowded (see gainless), slow
+	// gaps make it in order again only while the mean answer time is this
+	// many times what it was in order: more connections would halve it.
+	gainFactor = 2
+	// minCrowdedEvidence: in order, this many (decayed count) full sweeps in
+	// which queries alone on their connection were answered crowdedFactor
+	// times (and crowdedMargin) slower than when the mode was learned make
+	// the upstream unknown again.
+	minCrowdedEvidence = 4
+	crowdedFactor      = 4
+	crowdedMargin      = 2 * time.Millisecond
 	// outOfOrderQuiet: no evidence of in-order counts until this long after
 	// the last answer out of order.
 	outOfOrderQuiet = time.Second
@@ -271,59 +308,96 @@ const (
 // get returns the mode in force.
 func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
 
-// update folds what the answers showed since the last update into the mode:
-// an answer out of order makes the upstream out-of-order at once (an in-order
+// update folds what the answers showed since the last update (e, and alone:
+// the mean answer time of queries alone on their connection, 0 if none) into
+// the mode. It reports the mode and whether it changed.
+//
+// An answer out of order makes the upstream out-of-order at once (an in-order
 // server never does that). With none for outOfOrderQuiet, rescues that won by
-// far (see conn.judgeLocked), or, from another mode, answers that keep coming a
-// full serialGap apart (minSlowEvidence of them, slowShare of those queued
-// behind another), make it in-order. (Once in order, the pool spreads queries
-// over as many connections as they need, and a busy upstream then answers each
-// connection that slowly whatever it is: that is no evidence any more.) A mode
-// holds learnedTTL past its last evidence, then is unknown again.
+// far (see conn.judgeLocked) make it in-order, and so do answers that keep
+// coming a full serialGap apart (minSlowEvidence of them, slowShare of those
+// queued behind another): the pool serves worse than in order would, queries
+// waiting behind others on few connections while the answers come one
+// service time apart, whatever the mode was.
 //
 // In order, a query has a connection to itself and is answered in about the
-// usual time: if that time grows fourfold (and by 2 ms) since the mode was
-// learned, the upstream is rather a busy one that answers out of order but was
-// taken for in-order (its queries waiting for its CPU, not for each other), and
-// more connections only make it busier. The mode is unknown again and no
-// evidence makes it in-order for learnedTTL/10. It reports the mode and whether
-// it changed.
-func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
+// usual time. If that time stays crowdedFactor times (and crowdedMargin) what
+// it was since the mode was learned for minCrowdedEvidence sweeps, the
+// upstream is rather a busy one whose queries wait for its CPU, not for each
+// other, and more connections only make it busier (unbound at full load
+// serves its connections in turn: the more, the longer each waits): the mode
+// is unknown again, and the mean answer time in order is kept (gainless).
+// Slow gaps make it in order again once the mean answer time on few
+// connections is gainFactor times that: more connections would then shorten
+// the waits, which is the test of in-order measured anew at every sweep,
+// rather than a bar for a time. One slow reading (a handshake storm on a
+// loaded machine) leaves nothing. A mode holds learnedTTL past its last
+// evidence, then is unknown again.
+func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
+	m.decay(e)
+	if e.inversions > 0 {
+		m.inverted = now
+	}
+	old := m.get()
+	next := m.decide(old, e, alone, now)
+	if next != old && next != ModeInOrder {
+		// What was evidence of in-order says nothing of the new upstream.
+		m.acc, m.crowded = evidence{}, 0
+	}
+	m.mode.Store(int32(next))
+	m.rescue.Store(m.acc.rescued >= 0.5)
+	m.waits.Store(m.acc.rescued >= 0.5 || m.acc.queued >= 0.5)
+	return next, next != old
+}
+
+// decay folds e into the decayed evidence.
+func (m *serveMode) decay(e evidence) {
 	a := &m.acc
 	a.rescued = a.rescued*7/8 + e.rescued
 	a.busy = a.busy*7/8 + e.busy
 	a.busySlow = a.busySlow*7/8 + e.busySlow
-	if e.inversions > 0 {
-		m.inverted = now
-	}
-	old, next := m.get(), m.get()
-	slowGaps := old != ModeInOrder && a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy
-	usual := m.usual.Load()
+	a.queued = a.queued*7/8 + e.queued
+}
+
+// decide is update's decision, from the mode old.
+func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
+	a, usual := &m.acc, m.usual.Load()
+	slowGaps := a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy
+	gain := old == ModeInOrder || m.mean.Load() >= gainFactor*m.gainless
 	switch {
 	case e.inversions > 0:
-		next = ModeOutOfOrder
-		m.until = now + int64(learnedTTL)
-	case old == ModeInOrder && m.inOrderUsual > 0 && usual > 4*m.inOrderUsual && usual > m.inOrderUsual+int64(2*time.Millisecond):
-		next, m.barred = ModeUnknown, now+int64(learnedTTL/10)
-		a.rescued, a.busy, a.busySlow = 0, 0, 0
-	case (a.rescued >= minRescueEvidence || slowGaps) && now-m.inverted >= int64(outOfOrderQuiet) && now >= m.barred:
-		next = ModeInOrder
-		if e.rescued > 0 || old != ModeInOrder {
+		m.until, m.gainless = now+int64(learnedTTL), 0
+		return ModeOutOfOrder
+	case old == ModeInOrder && m.crowdedBy(alone) >= minCrowdedEvidence:
+		m.gainless = m.mean.Load()
+		return ModeUnknown
+	case now-m.inverted < int64(outOfOrderQuiet):
+	case a.rescued >= minRescueEvidence || slowGaps && gain:
+		if e.rescued > 0 || e.busySlow > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)
 		}
-		if old != ModeInOrder || m.inOrderUsual == 0 {
+		if old != ModeInOrder || m.inOrderUsual == 0 || usual != 0 && usual < m.inOrderUsual {
 			m.inOrderUsual = usual // 0 until a query alone on its connection was answered
 		}
-	case now > m.until:
-		next = ModeUnknown
+		return ModeInOrder
 	}
-	if next == ModeOutOfOrder && old != next {
-		// What was evidence of in-order says nothing of the new upstream.
-		a.rescued, a.busy, a.busySlow = 0, 0, 0
+	if now > m.until {
+		return ModeUnknown
 	}
-	m.mode.Store(int32(next))
-	m.rescue.Store(a.rescued >= 0.5)
-	return next, next != old
+	return old
+}
+
+// crowdedBy folds a sweep's answer time of queries alone on their connection
+// (0: none) into the crowded count and returns it.
+func (m *serveMode) crowdedBy(alone int64) float64 {
+	if alone == 0 || m.inOrderUsual == 0 {
+		return m.crowded
+	}
+	m.crowded *= 7.0 / 8
+	if alone > crowdedFactor*m.inOrderUsual && alone > m.inOrderUsual+int64(crowdedMargin) {
+		m.crowded++
+	}
+	return m.crowded
 }
 
 // learnTimes folds a sweep's answer times into the usual answer time (of

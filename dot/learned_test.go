@@ -54,6 +54,14 @@ func TestAnswerLog(t *testing.T) {
 	l.note(6, 20*ms, 90*ms, false) // late: its caller gave up; not in the mean
 	st := l.collect()
 	want := evidence{inversions: 1, busy: 2, busySlow: 2}
+	// A queued answer: written 20 ms after the previous one, it came with it.
+	q := answerLog{}
+	q.note(1, 10*ms, 40*ms, true)
+	q.note(2, 30*ms, 40*ms, true)
+	q.note(3, 31*ms, 40*ms, true) // written 1 ms after: as slow as the previous, no evidence
+	if st := q.collect(); st.queued != 1 || st.busy != 2 || st.busySlow != 0 {
+		t.Errorf("Evidence %+v, want 2 busy answers, 1 queued behind the previous", st.evidence)
+	}
 	if st.evidence != want || st.aloneN != 2 || st.aloneSum != 3*ms {
 		t.Errorf("Evidence %+v, alone %d answers taking %v in all; want %+v, 2 answers taking 3ms", st.evidence, st.aloneN, time.Duration(st.aloneSum), want)
 	}
@@ -74,7 +82,7 @@ func TestServeModeUpdate(t *testing.T) {
 	step := func(e evidence, want Mode) {
 		t.Helper()
 		now += int64(100 * time.Millisecond)
-		if got, _ := m.update(e, now); got != want {
+		if got, _ := m.update(e, 0, now); got != want {
 			t.Fatalf("Mode after %+v = %v, want %v", e, got, want)
 		}
 	}
@@ -100,13 +108,38 @@ func TestServeModeUpdate(t *testing.T) {
 	m.usual.Store(int64(time.Millisecond))
 	m.acc = evidence{}
 	step(evidence{busy: 10, busySlow: 9}, ModeInOrder)
-	// In order, queries alone on a connection answered four times as slowly
-	// (and 2 ms more): a busy upstream taken for in-order; barred for a while.
-	m.usual.Store(int64(4 * time.Millisecond))
-	step(evidence{}, ModeInOrder)
-	m.usual.Store(int64(5 * time.Millisecond))
-	step(evidence{}, ModeUnknown)
-	step(evidence{rescued: 10}, ModeUnknown)
-	now += int64(learnedTTL / 10)
-	step(evidence{rescued: 10}, ModeInOrder)
+}
+
+// In order, queries alone on their connection answered four times as slowly
+// (and 2 ms more) than when the mode was learned: one such reading (a
+// handshake storm) changes nothing; readings in a row make the upstream
+// unknown (a busy one taken for in-order), with nothing barred: as soon as
+// the mean answer time on few connections is twice what it was in order,
+// slow gaps make it in order again.
+func TestServeModeCrowded(t *testing.T) {
+	var m serveMode
+	now := int64(time.Hour)
+	step := func(e evidence, alone time.Duration, want Mode) {
+		t.Helper()
+		now += int64(100 * time.Millisecond)
+		if got, _ := m.update(e, int64(alone), now); got != want {
+			t.Fatalf("Mode after %+v, alone %v = %v, want %v", e, alone, got, want)
+		}
+	}
+	m.usual.Store(int64(time.Millisecond))
+	m.mean.Store(int64(10 * time.Millisecond))
+	step(evidence{busy: 10, busySlow: 10}, time.Millisecond, ModeInOrder)
+	step(evidence{}, 50*time.Millisecond, ModeInOrder) // one reading
+	for range 20 {
+		step(evidence{}, time.Millisecond, ModeInOrder)
+	}
+	step(evidence{}, 4*time.Millisecond, ModeInOrder) // not four times slower
+	for range 5 {
+		step(evidence{}, 5*time.Millisecond, ModeInOrder)
+	}
+	step(evidence{}, 5*time.Millisecond, ModeUnknown) // the sixth in a row: crowded
+	m.mean.Store(int64(19 * time.Millisecond))
+	step(evidence{busy: 10, busySlow: 10}, 0, ModeUnknown) // in order would not halve the wait
+	m.mean.Store(int64(20 * time.Millisecond))
+	step(evidence{busy: 10, busySlow: 10}, 0, ModeInOrder) // it would: no bar
 }

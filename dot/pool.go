@@ -54,7 +54,7 @@ type Pool struct {
 // Stats is a snapshot of a pool's state.
 type Stats struct {
 	Conns    int  // open connections
-	Taking   int  // of those, the ones that take new queries: not draining, not blocked
+	Taking   int  // of those, the ones that take new queries: not draining, not blocked (near their end included; the conns_taking gauge)
 	Blocked  int  // connections blocked behind a slow answer (see rescue.go)
 	Inflight int  // queries outstanding (tombstones included)
 	Strikes  int  // failed dials and connections in a row; 0 once a new connection answered
@@ -195,7 +195,7 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 		return nil, ErrPoolClosed
 	}
 	if !p.hasRoomLocked() {
-		p.startDialLocked()
+		p.startDialLocked(0)
 	}
 	if p.dials == 0 && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {
 		if p.redial.cause != nil {
@@ -213,7 +213,7 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 // free slot.
 func (p *Pool) hasRoomLocked() bool {
 	for _, c := range *p.conns.Load() {
-		if !c.unusable.Load() && !c.blocked() && c.load.Load() < int32(p.cfg.MaxInflight) {
+		if c.avail().takes() && c.load.Load() < int32(p.cfg.MaxInflight) {
 			return true
 		}
 	}
@@ -221,12 +221,8 @@ func (p *Pool) hasRoomLocked() bool {
 }
 
 func (p *Pool) hasUsableLocked() bool {
-	for _, c := range *p.conns.Load() {
-		if !c.unusable.Load() {
-			return true
-		}
-	}
-	return false
+	s := countConns(*p.conns.Load())
+	return s.open() > 0
 }
 
 // dial opens one connection with the pool's context (so that no single caller's
@@ -415,16 +411,8 @@ const maxWaitersPerSlot = 4
 // Stats returns a snapshot of the pool's state.
 func (p *Pool) Stats() Stats {
 	conns := *p.conns.Load()
-	s := Stats{Conns: len(conns), Mode: p.learned.mode.get()}
-	for _, c := range conns {
-		s.Inflight += int(c.load.Load())
-		switch {
-		case c.blocked():
-			s.Blocked++
-		case !c.unusable.Load():
-			s.Taking++
-		}
-	}
+	n := countConns(conns)
+	s := Stats{Conns: len(conns), Mode: p.learned.mode.get(), Taking: n.takes(), Blocked: n.n[availBlocked], Inflight: n.load}
 	p.mu.Lock()
 	s.Strikes = p.redial.strikes
 	p.mu.Unlock()

@@ -65,6 +65,11 @@ type regimeOutcome struct {
 // offer sends n queries, one every gap, each from its own goroutine, named by
 // name(i), and returns how each went once all are done.
 func offer(p *Pool, n int, gap time.Duration, name func(i int) string) []regimeOutcome {
+	return offerPaced(p, n, func(int) time.Duration { return gap }, name)
+}
+
+// offerPaced is offer with a pause after the i-th query of pause(i).
+func offerPaced(p *Pool, n int, pause func(i int) time.Duration, name func(i int) string) []regimeOutcome {
 	out := make([]regimeOutcome, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -73,7 +78,7 @@ func offer(p *Pool, n int, gap time.Duration, name func(i int) string) []regimeO
 			_, err := exchange(p, name(i))
 			out[i] = regimeOutcome{name(i), time.Since(start), err}
 		})
-		time.Sleep(gap)
+		time.Sleep(pause(i))
 	}
 	wg.Wait()
 	return out
@@ -407,4 +412,112 @@ func TestRegimeSwitchingUpstream(t *testing.T) {
 			t.Errorf("%d mode changes reported, want 3 or more", got)
 		}
 	})
+}
+
+// offerFor runs offer in the background and returns a function that waits for
+// its outcomes.
+func offerFor(p *Pool, n int, gap time.Duration, name func(i int) string) func() []regimeOutcome {
+	done := make(chan []regimeOutcome, 1)
+	go func() { done <- offer(p, n, gap, name) }()
+	return func() []regimeOutcome { return <-done }
+}
+
+// An in-order upstream a few tens of milliseconds away (every answer 30 ms
+// after its query, one at a time per connection) at 500 QPS, whose answers
+// all take six times as long for two and a half seconds (a handshake storm on
+// a loaded machine inflates every reading): whatever the pool makes of the
+// storm, within three seconds of its end it serves the load in order again,
+// on as many connections as it needs (about 15 in flight). Before issue 21,
+// the storm made the upstream unknown and barred in-order for a minute: the
+// pool kept 4 connections and the queries queued behind 30 ms answers.
+func TestRegimeDistantInOrderStorm(t *testing.T) {
+	const service = 30 * time.Millisecond
+	const storm, stormEnd = 1500 * time.Millisecond, 4 * time.Second
+	var from, to atomic.Int64 // unix ns of the storm
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration {
+		if now := time.Now().UnixNano(); now >= from.Load() && now < to.Load() {
+			return 6 * service
+		}
+		return service
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		start := time.Now()
+		from.Store(start.Add(storm).UnixNano())
+		to.Store(start.Add(stormEnd).UnixNano())
+		const gap, n = 2 * time.Millisecond, 4000
+		wait := offerFor(p, n, gap, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		time.Sleep(stormEnd + 3*time.Second)
+		sm := sample(p)
+		out := wait()
+		sm.end()
+		recovered := out[int((stormEnd+3*time.Second)/gap):]
+		checkOutcomes(t, recovered, func(string) time.Duration { return 2 * service })
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Errorf("Mode 4 s after the storm = %v, want %v", m, ModeInOrder)
+		}
+		if c := sm.conns.Load(); c < 15 {
+			t.Errorf("At most %d connections open 3 s after the storm, want 15 or more (15 queries in flight)", c)
+		}
+		failed := 0
+		for _, o := range out {
+			if o.err != nil {
+				failed++
+			}
+		}
+		rec.mu.Lock()
+		t.Logf("%d of %d queries failed; modes %v", failed, n, rec.modes)
+		rec.mu.Unlock()
+	})
+}
+
+// An upstream that serves its connections in turn, one query of each at a
+// time, each taking 1 ms of its one CPU (a global queue; in order on each
+// connection), at 80 % of what it can serve: unbound at full load. Answers on
+// a busy connection come a millisecond or more apart, which looks in order,
+// but more connections only lengthen the turn, so that queries alone on their
+// connection wait longer: the pool ends at a few connections, not in order.
+// The queries come in bursts of 8 (a client's queries come together), so that
+// they queue.
+func TestRegimeBusyTurnsUpstream(t *testing.T) {
+	const cpu = time.Millisecond
+	var mu sync.Mutex
+	var busyUntil time.Time
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		busyUntil = later(busyUntil, now).Add(cpu)
+		return busyUntil.Sub(now)
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		const gap, n = 1250 * time.Microsecond, 4800 // 800 QPS for 6 s
+		done := make(chan []regimeOutcome, 1)
+		go func() {
+			bursts := func(i int) time.Duration { return time.Duration(i%8/7*8) * gap }
+			done <- offerPaced(p, n, bursts, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		}()
+		wait := func() []regimeOutcome { return <-done }
+		time.Sleep(4 * time.Second)
+		sm := sample(p)
+		out := wait()
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return time.Second })
+		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open in the last 2 s, want %d at most", c, AutoMaxConnsOutOfOrder)
+		}
+		if m := p.Stats().Mode; m == ModeInOrder {
+			t.Errorf("Mode = %v: more connections only lengthen the upstream's turn", m)
+		}
+		t.Logf("%d handshakes", s.Handshakes())
+		if rec.get(func(r *recorder) int { return len(r.modes) }) == 0 {
+			t.Errorf("No mode learned: the load never looked in order, and the test tests nothing")
+		}
+	})
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

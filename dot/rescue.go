@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"time"
 )
@@ -12,8 +13,13 @@ import (
 //
 // A connection is blocked when it has read nothing for the rescue delay and a
 // query written on it has waited that long with an older one still
-// outstanding: an in-order upstream serves it only after the older one, which
-// is slow (or the connection is dying). A blocked connection takes no new
+// outstanding, and something shows that it waits behind that one rather than
+// being slow itself: the mode is in order, answers lately came queued behind
+// others, the answer to a query written after it (on any connection) has come
+// back, or it has waited four mean answer times (see stuckWatch). An in-order upstream serves it
+// only after the older one, which is slow (or the connection is dying); an
+// upstream whose every answer is slow blocks nothing, and rescuing its queries
+// would only send them twice. A blocked connection takes no new
 // query until it reads again, and the queries stuck on it are rescued: each
 // caller is told (a notice on its call's resp, errRescued) and sends its query
 // once more, on another connection with nothing outstanding (dialled if need
@@ -104,9 +110,11 @@ type blockWatch struct {
 // than due the tick came: the time this process did not run is not counted as
 // time a connection read nothing.
 func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
+	z := &p.sizer
 	for _, c := range conns {
 		w, r := &c.watch, c.reads.Load()
 		total += r
+		z.newestSent = max(z.newestSent, c.answers.newestSent.Load())
 		if r != w.reads || w.since == 0 {
 			w.reads, w.since = r, now
 		} else {
@@ -114,28 +122,56 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		}
 		busy = busy || c.load.Load() > 0
 	}
-	cost := rescueCost[p.learned.mode.get()]
-	delay := p.rescueDelay()
+	mode := p.learned.mode.get()
+	w := stuckWatch{now: now, delay: p.rescueDelay(), cost: rescueCost[mode], tokens: &z.tokens, after: z.newestSent,
+		overdue: judgeFactor * p.learned.mode.mean.Load()}
+	if mode == ModeInOrder || p.learned.mode.waits.Load() {
+		w.after = math.MaxInt64 // every query waits behind those before it
+	}
 	for _, c := range conns {
 		// A connection whose answers wait unread in its socket is not stuck
 		// behind a slow one: its reader is behind, and rescues would only
 		// make this process busier.
-		if c.load.Load() >= 2 && now-c.watch.since >= delay && !c.bc.unread() {
-			c.rescueStuck(now, delay, cost, &p.sizer.tokens)
+		if c.load.Load() >= 2 && now-c.watch.since >= w.delay && !c.bc.unread() {
+			c.quietAt.Store(c.watch.reads + 1)
+			c.rescueStuck(&w)
 		}
 	}
 	return busy, total
 }
 
+// stuckWatch is what one tick's watch tells rescueStuck.
+type stuckWatch struct {
+	now, delay int64
+	// after: a call written before this (unix ns) waits behind another, not
+	// for its own answer: a call written later was answered (MaxInt64 in
+	// order: every call waits for those before it).
+	after int64
+	// overdue: a call written this long ago (ns) with nothing read for the
+	// rescue delay waits behind another: were it served beside the others,
+	// it would have been answered in about the mean answer time (0: no mean
+	// yet, no such inference).
+	overdue int64
+	cost    float64  // of a rescue, in tokens
+	tokens  *float64 // the rescue budget
+}
+
+// waits reports whether something shows that a call written at sent, waited
+// outstanding for now-sent = age, waits behind another.
+func (w *stuckWatch) waits(age, sent int64) bool {
+	return sent < w.after || w.overdue > 0 && age >= w.overdue
+}
+
 // rescueStuck is called on a connection that has read nothing for delay. It marks c
 // blocked if a written call has waited delay behind an older one still
-// outstanding. Then such calls that may be rescued get a rescue notice, oldest
-// first, as far as tokens allow, and the calls not yet written move to another
-// connection at no cost (errUnsent), rather than go out behind the slow one,
-// if the pool may have another.
-func (c *conn) rescueStuck(now, delay int64, cost float64, tokens *float64) {
+// outstanding, written before w.after. Then such calls that may be rescued get
+// a rescue notice, oldest first, as far as tokens allow, and the calls not yet
+// written move to another connection at no cost (errUnsent), rather than go
+// out behind the slow one, if the pool may have another.
+func (c *conn) rescueStuck(w *stuckWatch) {
+	now, delay := w.now, w.delay
 	c.mu.Lock()
-	stuck := c.stuckLocked(now, delay)
+	stuck := c.stuckLocked(w)
 	if len(stuck) == 0 || c.state == stateClosed {
 		c.mu.Unlock()
 		return
@@ -150,13 +186,13 @@ func (c *conn) rescueStuck(now, delay int64, cost float64, tokens *float64) {
 	}
 	slices.SortFunc(stuck, func(a, b *call) int { return cmp.Compare(a.seq, b.seq) })
 	for _, cl := range stuck {
-		if !cl.rescuable || cl.rescued || cl.deadline-now < delay || *tokens < cost {
+		if !cl.rescuable || cl.rescued || cl.deadline-now < delay || *w.tokens < w.cost {
 			continue
 		}
 		select {
 		case cl.resp <- result{err: errRescued}: // room for it: a live call is completed only under mu
 			cl.rescued = true
-			*tokens -= cost
+			*w.tokens -= w.cost
 		default:
 		}
 	}
@@ -166,10 +202,11 @@ func (c *conn) rescueStuck(now, delay int64, cost float64, tokens *float64) {
 	}
 }
 
-// stuckLocked returns the live calls written delay ago or more while a call
-// written before them (live or a tombstone) is still outstanding; it judges the
-// originals of rescues that won on the way.
-func (c *conn) stuckLocked(now, delay int64) []*call {
+// stuckLocked returns the live calls written delay ago or more, and before
+// w.after, while a call written before them (live or a tombstone) is still
+// outstanding; it judges the originals of rescues that won on the way.
+func (c *conn) stuckLocked(w *stuckWatch) []*call {
+	now := w.now
 	var head uint32 // the oldest written call's seq
 	for _, cl := range c.calls {
 		if cl.state.Load() == callSent && (head == 0 || cl.seq < head) { // seq is set before the state
@@ -180,7 +217,7 @@ func (c *conn) stuckLocked(now, delay int64) []*call {
 	for _, cl := range c.calls {
 		if cl.tombUntil != 0 {
 			c.judgeLocked(cl, now)
-		} else if cl.state.Load() == callSent && cl.seq != head && now-cl.sentAt.Load() >= delay {
+		} else if s := cl.sentAt.Load(); cl.state.Load() == callSent && cl.seq != head && now-s >= w.delay && w.waits(now-s, s) {
 			stuck = append(stuck, cl)
 		}
 	}

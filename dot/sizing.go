@@ -72,17 +72,11 @@ func (p *Pool) maxOpen(capConns int) int {
 	return capConns + max(capConns, minExtraConns)
 }
 
-// takes reports whether c may take a new query: usable and not blocked behind
-// a slow answer. A rescue goes only to a connection with nothing outstanding,
-// so that it is not stuck in turn.
-func (c *conn) takes(cl *call) bool {
-	return !c.unusable.Load() && !c.blocked() && (cl.avoid == nil || c != cl.avoid && c.load.Load() == 0)
-}
-
-// blocked reports whether the sweeper found c blocked and it has read nothing since.
-func (c *conn) blocked() bool {
-	b := c.blockedAt.Load()
-	return b != 0 && b == c.reads.Load()+1
+// accepts reports whether c, in state a (c.avail), may take cl: it takes
+// queries, and a rescue goes only to another connection with nothing
+// outstanding, so that it is not stuck in turn.
+func (c *conn) accepts(a avail, cl *call) bool {
+	return a.takes() && (cl.avoid == nil || c != cl.avoid && c.load.Load() == 0)
 }
 
 // pick registers cl on a connection that takes it, as the upstream's mode says
@@ -103,27 +97,38 @@ func (p *Pool) pick(cl *call) *conn {
 // syscall, and a TLS record read, at each end, whatever its size.
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
-	for range 3 {                     // losing the last slot to another caller: retried on a fresh snapshot
-		var best *conn
-		var load int32
-		counted := 0 // connections that count toward the cap
+	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
+		var best, quiet *conn
+		var load, quietLoad int32
+		near, more := false, false // best is near its end; every connection with room is quiet
+		counted := 0               // connections that count toward the cap
 		for _, c := range *p.conns.Load() {
-			if p.countsTowardCap(c) {
+			a := c.avail()
+			if p.countsTowardCap(a) {
 				counted++
 			}
-			if !c.takes(cl) {
+			if !c.accepts(a, cl) {
 				continue
 			}
-			if l := c.load.Load(); best == nil && l < slots {
-				best, load = c, l
+			l := c.load.Load()
+			switch {
+			case best != nil || l >= slots:
+			case a != availQuiet:
+				best, load, near = c, l, a == availNearEnd
+			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
+				quiet, quietLoad = c, l
 			}
+		}
+		if best == nil {
+			// Every connection with room is quiet: its queries may wait
+			// behind a slow one, so the next connection is dialled now.
+			best, load, more = quiet, quietLoad, true
 		}
 		if best == nil {
 			return nil
 		}
 		if best.register(cl) {
-			near := best.nearEnd.Load()
-			if (near || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() < maxParallelDials {
+			if (near || more || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() < maxParallelDials {
 				p.dialNow()
 			}
 			return best
@@ -142,11 +147,11 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
 		for _, c := range *p.conns.Load() {
-			if !c.takes(cl) {
+			if !c.accepts(c.avail(), cl) {
 				continue
 			}
 			l := c.load.Load()
-			if l == 0 && !c.nearEnd.Load() {
+			if l == 0 && !c.nearEnd.Load() { // near its end: taking, but no spare
 				if idle++; idle > inOrderSpares {
 					break // the spares are left after this one
 				}
@@ -185,7 +190,7 @@ func (p *Pool) orderCheckConn(cl *call) *conn {
 	recent := nanotime() - max(2*p.learned.mode.usual.Load(), int64(time.Millisecond))
 	var best *conn
 	for _, c := range *p.conns.Load() {
-		if w := c.wroteAt.Load(); c.takes(cl) && c.load.Load() == 1 && w > recent {
+		if w := c.wroteAt.Load(); c.accepts(c.avail(), cl) && c.load.Load() == 1 && w > recent {
 			best, recent = c, w
 		}
 	}
@@ -193,9 +198,14 @@ func (p *Pool) orderCheckConn(cl *call) *conn {
 }
 
 // dialNow starts a dial if the pool may (see startDialLocked).
-func (p *Pool) dialNow() {
+func (p *Pool) dialNow() { p.dialUpTo(0) }
+
+// dialUpTo starts a dial if the pool may and, if want is not 0, fewer than
+// want connections take queries or are being dialled, counted under p.mu: the
+// sweeper's snapshot of the connections may miss one that a dial just added.
+func (p *Pool) dialUpTo(want int) {
 	p.mu.Lock()
-	p.startDialLocked()
+	p.startDialLocked(want)
 	p.mu.Unlock()
 }
 
@@ -204,26 +214,27 @@ func (p *Pool) dialNow() {
 // dials than dialLimit run, the connections that take queries (with those being
 // dialled) are under the cap (and, in order, under what the load needs), and
 // all open ones are under maxOpen. It reports whether it started one.
-func (p *Pool) startDialLocked() bool {
+func (p *Pool) startDialLocked(want int) bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
 	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
 		return false
 	}
-	conns, taking, ending := *p.conns.Load(), 0, 0
-	for _, c := range conns {
-		if p.countsTowardCap(c) {
-			taking++
-		} else if c.nearEnd.Load() && !c.unusable.Load() {
-			ending++
-		}
+	conns := *p.conns.Load()
+	n := countConns(conns)
+	taking := n.steady()
+	if p.countsTowardCap(availBlocked) {
+		taking += n.n[availBlocked]
 	}
-	if p.dials >= p.dialLimitLocked(ending) {
+	if p.dials >= p.dialLimitLocked(n.n[availNearEnd]) {
 		return false
 	}
 	capConns := p.capConns()
 	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 {
 		capConns = min(capConns, max(int(p.needed.Load()), 1))
+	}
+	if want > 0 {
+		capConns = min(capConns, want)
 	}
 	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
 		return false
@@ -238,19 +249,23 @@ func (p *Pool) startDialLocked() bool {
 	return true
 }
 
-// countsTowardCap reports whether c counts toward the cap of connections that
-// take queries: a connection draining or near its end does not (its successor
-// is dialled before it ends), nor does one blocked behind a slow answer, which
-// takes no query either, unless the cap is a number (MaxConns: the operator's
-// bound), or the mode is unknown and no rescue won lately: then a blocked
-// connection is as likely the upstream pausing, which more connections would
-// not help (unbound's hiccups on a busy machine).
-func (p *Pool) countsTowardCap(c *conn) bool {
-	if c.unusable.Load() || c.nearEnd.Load() {
-		return false
+// countsTowardCap reports whether a connection in state a counts toward the
+// cap of connections that take queries: a connection draining or near its end
+// does not (its successor is dialled before it ends), nor does one blocked
+// behind a slow answer, which takes no query either, unless the cap is a
+// number (MaxConns: the operator's bound), or the mode is unknown and no
+// rescue won lately: then a blocked connection is as likely the upstream
+// pausing, which more connections would not help (unbound's hiccups on a busy
+// machine).
+func (p *Pool) countsTowardCap(a avail) bool {
+	switch a {
+	case availTaking, availQuiet:
+		return true
+	case availBlocked:
+		m := &p.learned.mode
+		return p.cfg.MaxConns > 0 || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
 	}
-	m := &p.learned.mode
-	return !c.blocked() || p.cfg.MaxConns > 0 || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
+	return false
 }
 
 // dialLimitLocked is how many dials may run at once: one after a failure (the
@@ -275,10 +290,13 @@ type sizer struct {
 	rate     float64 // answers per second, smoothed
 	inflight float64 // queries outstanding (tombstones included), smoothed
 	tokens   float64 // rescue budget (see rescue.go)
-	wanted   int     // the last reported Sized figures
-	open     int
-	used     [5]int // the most connections with queries outstanding in each of the last seconds, this one first
-	usedAt   int64  // unix ns when used[0]'s second began
+	// newestSent: the write time (unix ns) of the latest-written call
+	// answered, on any connection, closed ones included (see watch)
+	newestSent int64
+	wanted     int // the last reported Sized figures
+	open       int
+	used       [5]int // the most connections with queries outstanding in each of the last seconds, this one first
+	usedAt     int64  // unix ns when used[0]'s second began
 }
 
 // noteUsed records how many connections have queries outstanding now.
@@ -309,34 +327,20 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 		z.tokens = min(z.tokens+float64(n)*rescueShare, maxRescueBurst)
 	}
 	z.at, z.total = now, reads
-	open, busy, inflight, all, used := 0, 0, 0, 0, 0
-	for _, c := range conns {
-		l := int(c.load.Load())
-		all += l
-		if l > 0 && !c.unusable.Load() {
-			used++
-		}
-		if c.unusable.Load() || c.blocked() || c.nearEnd.Load() {
-			continue
-		}
-		open++
-		if l > 0 {
-			busy++
-			inflight += l
-		}
-	}
-	z.noteUsed(now, used)
-	z.inflight += (float64(all) - z.inflight) / 8
-	needed := neededInOrder(max(z.inflight, float64(all)))
+	n := countConns(conns)
+	z.noteUsed(now, n.used)
+	z.inflight += (float64(n.load) - z.inflight) / 8
+	needed := neededInOrder(max(z.inflight, float64(n.load)))
 	p.needed.Store(int32(needed))
-	wanted := p.wanted(busy, inflight, needed) + p.successors(busy)
+	wanted := p.wanted(n.busy, n.busyLoad, needed) + p.successors(n.busy)
+	open := n.steady()
 	p.shortfall.Store(int32(max(wanted-open, 0)))
 	for range min(wanted-open, maxParallelDials) - int(p.dialing.Load()) {
-		p.dialNow()
+		p.dialUpTo(wanted)
 	}
-	if report && (wanted != z.wanted || open != z.open) {
-		z.wanted, z.open = wanted, open
-		p.sizeObs.Sized(wanted, open)
+	if taking := n.takes(); report && (wanted != z.wanted || taking != z.open) {
+		z.wanted, z.open = wanted, taking
+		p.sizeObs.Sized(wanted, taking)
 	}
 }
 

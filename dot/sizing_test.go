@@ -99,3 +99,28 @@ func TestShortStallsAreNoEvidence(t *testing.T) {
 		t.Logf("%d rescues, %d handshakes", rec.get(func(r *recorder) int { return r.rescues }), s.Handshakes())
 	})
 }
+
+// A fresh pool in front of an in-order upstream whose every answer takes
+// 100 ms: the first connection reads nothing for the rescue delay while
+// queries wait behind its first one (quiet), so the next queries go to a
+// connection dialled for them rather than queue behind it, long before the
+// first is three-quarters full; answers then come on several connections,
+// which is how the mode is learned within a few answer times.
+func TestQuietConnectionDialsNext(t *testing.T) {
+	const service = 100 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		sm := sample(p)
+		out := offer(p, 20, 5*time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		// Four connections (the cap while the mode is unknown), five queries
+		// on each, the last written a few rescue delays late.
+		checkOutcomes(t, out, func(string) time.Duration { return 6 * service })
+		if c := sm.conns.Load(); c < 2 {
+			t.Errorf("At most %d connections open, want 2 or more: the queries queued behind a quiet one", c)
+		}
+		if m := s.MaxOutstanding(); m > 6 {
+			t.Errorf("Up to %d queries queued on one connection, want 6 at most", m)
+		}
+	})
+}

@@ -208,20 +208,19 @@ const minWatchInterval = minRescueDelay / 4
 // beyond what the last few seconds' load needed (keepInOrder) close after
 // inOrderIdle already, the newest first (the oldest idle one is taken first):
 // the pool keeps what its recent load needed, not its busiest moment since
-// IdleTimeout.
+// IdleTimeout. In another mode the idle ones beyond the cap do (those an
+// in-order spell left: more would not be used).
 func (p *Pool) sweepAll(now int64, conns []*conn) {
-	surplus := 0
+	n := countConns(conns)
+	surplus := n.open()
 	if p.learned.mode.get() == ModeInOrder {
-		for _, c := range conns {
-			if !c.unusable.Load() {
-				surplus++
-			}
-		}
 		surplus -= p.sizer.keepInOrder()
+	} else {
+		surplus -= p.capConns()
 	}
 	for i := len(conns) - 1; i >= 0; i-- {
 		var idle time.Duration
-		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && !c.unusable.Load() {
+		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && c.avail().open() {
 			idle, surplus = inOrderIdle, surplus-1
 		}
 		conns[i].sweep(now, idle)
@@ -243,7 +242,11 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)
-	if mode, changed := m.update(st.evidence, now); changed {
+	var alone int64
+	if st.aloneN > 0 {
+		alone = st.aloneSum / int64(st.aloneN)
+	}
+	if mode, changed := m.update(st.evidence, alone, now); changed {
 		perConn := p.cfg.MaxInflight
 		if mode == ModeInOrder {
 			perConn = 1
