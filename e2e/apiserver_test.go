@@ -27,9 +27,10 @@ const apiStartTimeout = 3 * time.Minute
 // system:masters); the DNS under test never uses it.
 const adminToken = "dotforward-e2e-admin-token"
 
-// serviceCIDR is kubeadm's default Service range: deploy/kubernetes/service.yaml
-// asks for kube-dns at 10.96.0.10, which must fall inside it.
-const serviceCIDR = "10.96.0.0/12"
+// serviceCIDRs are kubeadm's default Service range, since deploy/kubernetes/
+// service.yaml asks for kube-dns at 10.96.0.10, and an IPv6 range: dual-stack
+// Services have AAAA records.
+const serviceCIDRs = "10.96.0.0/12,fd00:10:96::/112"
 
 // controlPlane is an etcd and a kube-apiserver on 127.0.0.1, started by a test
 // and killed by PID when it ends. No kubelet, no controller manager: objects
@@ -135,7 +136,7 @@ func (cp *controlPlane) apiserverArgs(t testing.TB, etcd string, port int) []str
 		"--service-account-key-file", saKey,
 		"--service-account-signing-key-file", saKey,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range", serviceCIDR,
+		"--service-cluster-ip-range", serviceCIDRs,
 		"--endpoint-reconciler-type", "none",
 		"--enable-priority-and-fairness=false",
 		"--v", "1",
