@@ -84,9 +84,9 @@ cluster_services() {
 cluster_corefile() {
 	local fwd
 	case $1 in
-	dotforward) fwd="dotforward . tls://127.0.0.1%$SERVER_NAME:$DOT_PORT {\n           tls $WORK/ca.pem\n           max_concurrent 1000\n        }" ;;
-	fwd-tls) fwd="forward . tls://127.0.0.1:$DOT_PORT {\n           tls_servername $SERVER_NAME\n           tls $WORK/ca.pem\n           max_concurrent 1000\n        }" ;;
-	fwd-udp) fwd="forward . 127.0.0.1:$UDP_PORT {\n           max_concurrent 1000\n        }" ;;
+	dotforward) fwd="dotforward . tls://127.0.0.1%$SERVER_NAME:$DOT_PORT {\n       tls $WORK/ca.pem\n       max_concurrent 1000\n    }" ;;
+	fwd-tls) fwd="forward . tls://127.0.0.1:$DOT_PORT {\n       tls_servername $SERVER_NAME\n       tls $WORK/ca.pem\n       max_concurrent 1000\n    }" ;;
+	fwd-udp) fwd="forward . 127.0.0.1:$UDP_PORT {\n       max_concurrent 1000\n    }" ;;
 	*) die "unknown cluster mode $1 (BENCH_CLUSTER_MODES)" ;;
 	esac
 	# The Corefile is the ConfigMap's data.Corefile block, 4 spaces in.
@@ -96,8 +96,8 @@ cluster_corefile() {
 			/^ *health \{$/ { sub(/health/, "health 127.0.0.1:" hp); print; n++; next }
 			/^ *ready$/ { sub(/ready/, "ready 127.0.0.1:" rp); print; n++; next }
 			/^ *prometheus :9153$/ { sub(/:9153/, "127.0.0.1:" mp); print; n++; next }
-			/^ *kubernetes cluster\.local / { print; print "           kubeconfig " kc; n++; next }
-			/^ *dotforward \. / { printf "        %s\n", fwd; skip = 1; n++; next }
+			/^ *kubernetes cluster\.local / { print; print "       kubeconfig " kc; n++; next }
+			/^ *dotforward \. / { printf "    %s\n", fwd; skip = 1; n++; next }
 			skip && /^ *\}$/ { skip = 0; next }
 			skip { next }
 			{ print }

@@ -336,7 +336,7 @@ func checkReload(t *testing.T, f *clusterFront, web *corev1.Service) {
 	})
 	f.reload(t, func(cf string) string {
 		cf = strings.Replace(cf, "ttl 30", "ttl 7", 1)
-		return strings.Replace(cf, "max_concurrent 1000", "max_concurrent 1000\n           failfast_all_unhealthy_upstreams", 1)
+		return strings.Replace(cf, "max_concurrent 1000", "max_concurrent 1000\n       failfast_all_unhealthy_upstreams", 1)
 	})
 	atReload := res.sent.Load()
 	// The reload recreates the cache, so a name's first answer after it carries
