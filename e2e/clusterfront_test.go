@@ -96,7 +96,7 @@ func startClusterFront(t testing.TB, o clusterOpts) *clusterFront {
 	})
 	f.p = startProc(t, "coredns-cluster", nil, corednsBinary(t), "-conf", f.conf)
 	hc := &http.Client{Timeout: 5 * time.Second}
-	waitFor(t, "cluster CoreDNS ready on "+f.ready, apiStartTimeout, f.p, func() error {
+	waitFor(t, "cluster CoreDNS ready on "+f.ready, 3*startTimeout, f.p, func() error {
 		resp, err := hc.Get("http://" + f.ready + "/ready")
 		if err != nil {
 			return err
