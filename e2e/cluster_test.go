@@ -85,7 +85,7 @@ func TestClusterDNS(t *testing.T) {
 	t.Run("Scaling", func(t *testing.T) { checkScaling(t, f, cp.client, cases) })
 	t.Run("OutsideOverDoT", func(t *testing.T) { checkOutside(t, f, u) })
 	t.Run("ReloadUnderLoad", func(t *testing.T) { checkReload(t, f, cases.web) })
-	t.Run("UpstreamStopped", func(t *testing.T) { checkUpstreamStopped(t, f, u) })
+	t.Run("UpstreamStopped", func(st *testing.T) { checkUpstreamStopped(st, t, f, u) })
 	t.Run("APIServerStopped", func(t *testing.T) { checkAPIServerStopped(t, f, cp, cases) })
 }
 
@@ -162,10 +162,11 @@ func checkClusterIP(t *testing.T, f *clusterFront, web *corev1.Service) {
 	if err := checkAnswer(f.mustQuery(t, clusterName("web"), dns.TypeAAAA), dns.TypeAAAA, v6...); err != nil {
 		t.Errorf("web AAAA: %v", err)
 	}
-	// One SRV per named port, pointing at the service itself.
+	// One SRV per named port, pointing at the service itself; its weight is
+	// 50, the kubernetes plugin's share for each of the two cluster IPs.
 	for name, want := range map[string]string{"_http._tcp": "80", "_dns._udp": "53"} {
 		r := f.mustQuery(t, name+"."+clusterName("web"), dns.TypeSRV)
-		if err := checkAnswer(r, dns.TypeSRV, "0 100 "+want+" "+clusterName("web")); err != nil {
+		if err := checkAnswer(r, dns.TypeSRV, "0 50 "+want+" "+clusterName("web")); err != nil {
 			t.Errorf("%s.web SRV: %v", name, err)
 		}
 	}
@@ -370,7 +371,8 @@ func checkReload(t *testing.T, f *clusterFront, web *corev1.Service) {
 // checkUpstreamStopped: with the upstream gone, outside names fail at once
 // (SERVFAIL without trying it, failfast_all_unhealthy_upstreams) and cluster
 // names are answered as before; then the upstream comes back.
-func checkUpstreamStopped(t *testing.T, f *clusterFront, u *unbound) {
+// parent owns the restarted upstream: it must outlive this subtest.
+func checkUpstreamStopped(t *testing.T, parent testing.TB, f *clusterFront, u *unbound) {
 	u.kill()
 	// Fresh outside names: never asked, so never in the cache, SERVFAIL included.
 	next := 0
@@ -406,13 +408,13 @@ func checkUpstreamStopped(t *testing.T, f *clusterFront, u *unbound) {
 	if b, _ := metricSum(scrape(t, f.metrics), "coredns_dotforward_healthcheck_broken_total"); b-broken < n {
 		t.Errorf("healthcheck_broken_total moved by %v for %d queries", b-broken, n)
 	}
-	if err := checkAnswer(f.mustQuery(t, "_http._tcp."+clusterName("web"), dns.TypeSRV), dns.TypeSRV, "0 100 80 "+clusterName("web")); err != nil {
+	if err := checkAnswer(f.mustQuery(t, "_http._tcp."+clusterName("web"), dns.TypeSRV), dns.TypeSRV, "0 50 80 "+clusterName("web")); err != nil {
 		t.Errorf("A cluster name with the upstream down: %v", err)
 	}
 	if err := checkAnswer(f.mustQuery(t, "db-0."+clusterName("db"), dns.TypeA), dns.TypeA, "10.1.0.1"); err != nil {
 		t.Errorf("A cluster name with the upstream down: %v", err)
 	}
-	u.restart(t)
+	u.restart(parent)
 	// unbound answers NXDOMAIN for names of e2e.test it does not hold: an
 	// answer from it, not from dotforward.
 	waitFor(t, "outside names after the upstream's return", startTimeout, f.p, func() error {
