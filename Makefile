@@ -2,7 +2,15 @@
 GO      ?= go
 BINARY  ?= coredns
 
-.PHONY: build test test-deps bench bench-blackhole bench-regimes bench-hedge bench-cluster clean
+# The container image's recipe (IMAGE_NAME, IMAGE_TAG, build flags, user, ...),
+# shared with the Dockerfile's ARGs.
+include image.env
+IMAGE_ARCHS   ?= $(shell $(GO) env GOARCH)
+IMAGE_ARCHIVE ?= _output/dotforward-image.oci.tar
+export IMAGE_NAME IMAGE_TAG IMAGE_SOURCE IMAGE_GOFLAGS IMAGE_LDFLAGS IMAGE_CAPS \
+	IMAGE_USER IMAGE_CA_BUNDLE IMAGE_PORTS IMAGE_ENTRYPOINT IMAGE_CMD IMAGE_ARCHS IMAGE_ARCHIVE
+
+.PHONY: build test test-deps image bench bench-blackhole bench-regimes bench-hedge bench-cluster clean
 
 # build writes ./coredns: every standard CoreDNS plugin plus dotforward.
 build:
@@ -18,6 +26,14 @@ test: test-deps
 test-deps:
 	bash scripts/install-deps.sh
 
+# image builds the container image without a daemon or a registry (buildah, as
+# root) and writes it as an OCI archive, IMAGE_ARCHIVE; it also loads it into
+# docker or podman when one is installed (IMAGE_LOAD=no to skip). One commit
+# gives the same digest. IMAGE_ARCHS="amd64 arm64" builds a multi-arch index.
+# Push it with: skopeo copy --all oci-archive:$(IMAGE_ARCHIVE) docker://REGISTRY/$(IMAGE_NAME):TAG
+image: test-deps
+	bash scripts/image.sh
+
 # bench builds ./coredns and compares forward (UDP and TLS), dotforward and Unbound
 # with dnsperf, then forward tls:// and dotforward in front of upstreams unlike
 # unbound (the regimes); results land in bench/results/.
@@ -29,12 +45,13 @@ bench: test-deps build
 bench-blackhole: test-deps build
 	BENCH_PHASES=blackhole bash bench/run.sh
 
-# bench-regimes runs only the regimes (issue 14): forward tls:// and dotforward side
-# by side in front of five kinds of upstream; results land in bench/results/regimes.*.
+# bench-regimes runs only the regimes (issues 14, 21): forward tls:// and dotforward side
+# by side in front of seven kinds of upstream, each BENCH_REGIME_RUNS (5) times in a row;
+# results land in bench/results/regimes.*.
 # BENCH_DOTFORWARD_OPTS adds options to dotforward's block, BENCH_REGIMES_LABEL
 # says what the run is.
 bench-regimes: test-deps build
-	BENCH_PHASES=regimes bash bench/run.sh
+	BENCH_PHASES=regimes BENCH_REGIME_RUNS=$${BENCH_REGIME_RUNS:-5} bash bench/run.sh
 
 # bench-hedge runs only the hedge phase (issue 16): dotforward with policy sequential
 # in front of an upstream answering 1 name in 20 after 300 ms and one answering at
@@ -52,3 +69,4 @@ bench-cluster: test-deps build
 
 clean:
 	rm -f $(BINARY)
+	rm -rf _output

@@ -5,19 +5,21 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 
 	"github.com/dotforward/dotforward/dot/dottest"
 	"github.com/miekg/dns"
 )
 
 // startHeldServer starts a fake upstream whose answers wait until release is
-// called, so that queries are in flight together for as long as the test needs.
+// called, so that queries are pending together for as long as the test needs.
+// It serves in-memory pipes: start it, and the test, inside a synctest bubble.
 func startHeldServer(t *testing.T, cert *dottest.Cert) (s *dottest.Server, release func()) {
 	t.Helper()
 	held := make(chan struct{})
 	var once sync.Once
 	release = func() { once.Do(func() { close(held) }) }
-	s = startServer(t, cert, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+	s = startPipe(t, cert, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
 		<-held
 		return dottest.DefaultAnswer(q)
 	}})
@@ -76,42 +78,46 @@ func checkServed(t *testing.T, out <-chan served, n int) {
 	}
 }
 
-// Identical queries in flight at once reach the upstream once; each client gets
+// Identical queries pending at once reach the upstream once; each client gets
 // its own answer, and coalesced_total counts the ones that waited.
 func TestServeDNSCoalesces(t *testing.T) {
-	cert := testCert(t)
-	s, release := startHeldServer(t, cert)
-	f := newForward(t, cert, "", s.Addr)
-	u := f.upstreams[0]
-	before := metricValue(t, coalescedTotal.WithLabelValues(s.Addr))
-	const n = 16
-	out := serveAll(f, "www.coalesce.example.org.", n)
-	waitFor(t, "every query at the upstream's pool", func() bool { return u.inflight.Load() == n && s.Queries() >= 1 })
-	release()
-	checkServed(t, out, n)
-	if got := s.Queries(); got != 1 {
-		t.Errorf("Expected 1 upstream query for %d identical ones, got %d", n, got)
-	}
-	if got := metricValue(t, coalescedTotal.WithLabelValues(s.Addr)) - before; got != n-1 {
-		t.Errorf("Expected coalesced_total %d, got %v", n-1, got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		s, release := startHeldServer(t, cert)
+		f := newPipeForward(t, cert, "", s)
+		u := f.upstreams[0]
+		before := metricValue(t, coalescedTotal.WithLabelValues(s.Addr))
+		const n = 16
+		out := serveAll(f, "www.coalesce.example.org.", n)
+		waitFor(t, "every query at the upstream's pool", func() bool { return u.pending.Load() == n && s.Queries() >= 1 })
+		release()
+		checkServed(t, out, n)
+		if got := s.Queries(); got != 1 {
+			t.Errorf("Expected 1 upstream query for %d identical ones, got %d", n, got)
+		}
+		if got := metricValue(t, coalescedTotal.WithLabelValues(s.Addr)) - before; got != n-1 {
+			t.Errorf("Expected coalesced_total %d, got %v", n-1, got)
+		}
+	})
 }
 
-// With no_coalesce, identical queries in flight each reach the upstream.
+// With no_coalesce, identical queries pending at once each reach the upstream.
 func TestServeDNSNoCoalesce(t *testing.T) {
-	cert := testCert(t)
-	s, release := startHeldServer(t, cert)
-	f := newForward(t, cert, "no_coalesce", s.Addr)
-	const n = 16
-	before := metricValue(t, coalescedTotal.WithLabelValues(s.Addr)) // keyed by address, which tests may reuse
-	out := serveAll(f, "www.coalesce.example.org.", n)
-	// At least n: the pool may also rescue a few, held behind the first ones.
-	waitFor(t, fmt.Sprintf("%d queries at the upstream", n), func() bool { return s.Queries() >= n })
-	release()
-	checkServed(t, out, n)
-	if got := metricValue(t, coalescedTotal.WithLabelValues(s.Addr)) - before; got != 0 {
-		t.Errorf("Expected no query coalesced, coalesced_total is %v", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		s, release := startHeldServer(t, cert)
+		f := newPipeForward(t, cert, "no_coalesce", s)
+		const n = 16
+		before := metricValue(t, coalescedTotal.WithLabelValues(s.Addr)) // keyed by address, which tests may reuse
+		out := serveAll(f, "www.coalesce.example.org.", n)
+		// At least n: the pool may also rescue a few, held behind the first ones.
+		waitFor(t, fmt.Sprintf("%d queries at the upstream", n), func() bool { return s.Queries() >= n })
+		release()
+		checkServed(t, out, n)
+		if got := metricValue(t, coalescedTotal.WithLabelValues(s.Addr)) - before; got != 0 {
+			t.Errorf("Expected no query coalesced, coalesced_total is %v", got)
+		}
+	})
 }
 
 // When the shared exchange fails at the first upstream (its connection closes, or
@@ -128,23 +134,25 @@ func TestServeDNSCoalescedFailover(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
-			cert := testCert(t)
-			first, _ := startHeldServer(t, cert)
-			second := startServer(t, cert, dottest.Options{})
-			f := newForward(t, cert, "policy sequential\n"+tc.options, first.Addr, second.Addr)
-			const n = 8
-			out := serveAll(f, "failover.example.org.", n)
-			waitFor(t, "every query at the first upstream's pool", func() bool {
-				return f.upstreams[0].inflight.Load() == n && first.Queries() >= 1
+			synctest.Test(t, func(t *testing.T) {
+				cert := testCert(t)
+				first, _ := startHeldServer(t, cert)
+				second := startPipe(t, cert, dottest.Options{})
+				f := newPipeForward(t, cert, "policy sequential\n"+tc.options, first, second)
+				const n = 8
+				out := serveAll(f, "failover.example.org.", n)
+				waitFor(t, "every query at the first upstream's pool", func() bool {
+					return f.upstreams[0].pending.Load() == n && first.Queries() >= 1
+				})
+				tc.fail(first)
+				checkServed(t, out, n)
+				if got := first.Queries(); got != 1 {
+					t.Errorf("Expected 1 query at the first upstream, got %d", got)
+				}
+				if second.Queries() < 1 {
+					t.Error("Expected the second upstream to answer the failed-over queries")
+				}
 			})
-			tc.fail(first)
-			checkServed(t, out, n)
-			if got := first.Queries(); got != 1 {
-				t.Errorf("Expected 1 query at the first upstream, got %d", got)
-			}
-			if second.Queries() < 1 {
-				t.Error("Expected the second upstream to answer the failed-over queries")
-			}
 		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/coredns/caddy/caddyfile"
 	"github.com/coredns/coredns/core/dnsserver"
 
+	"github.com/dotforward/dotforward/dot/dottest"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -419,4 +420,24 @@ func TestCheckDotforward(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDesignNumbers checks docs/design.md's tables of the plugin's numbers
+// against the constants themselves (dot checks the pool's).
+func TestDesignNumbers(t *testing.T) {
+	dottest.CheckDesign(t, "docs/design.md", "The plugin", map[string]any{
+		"defaultTimeout":      defaultTimeout,
+		"defaultMaxFails":     defaultMaxFails,
+		"defaultHealthCheck":  defaultHealthCheck,
+		"maxUpstreams":        maxUpstreams,
+		"defaultHedgePercent": defaultHedgePercent,
+		"ewmaWeight":          ewmaWeight,
+		"exploreEvery":        exploreEvery,
+		"hedgeMinDelay":       hedgeMinDelay,
+		"hedgeQuantile":       hedgeQuantile,
+		"hedgeFactor":         hedgeFactor,
+		"hedgeWindow":         hedgeWindow,
+		"hedgeRecompute":      hedgeRecompute,
+		"hedgeBurst":          hedgeBurst,
+	})
 }

@@ -12,7 +12,7 @@ var (
 	// ErrNoHealthy is returned when every upstream is down and
 	// failfast_all_unhealthy_upstreams is set, or no upstream could be tried.
 	ErrNoHealthy = errors.New("no healthy upstream")
-	// ErrLimitExceeded is returned when max_concurrent queries are already in flight.
+	// ErrLimitExceeded is returned when max_concurrent queries are already being served.
 	ErrLimitExceeded = errors.New("max_concurrent queries exceeded")
 	// ErrZoneTransfer is returned for AXFR and IXFR, which a pipelined DoT
 	// connection cannot carry (their answers span several messages). It is the

@@ -27,7 +27,7 @@ func TestDownAfterMaxFailsUpAtAnswer(t *testing.T) {
 	// Errors of single exchanges are not health failures: the pool reports the
 	// upstream's own failures separately.
 	for _, err := range []error{dot.ErrTimeout, dot.ErrUnavailable, dot.ErrConnLost} {
-		u.failed(err, time.Millisecond)
+		u.answers.missed(err, time.Millisecond)
 	}
 	if u.Down() || u.health.fails.Load() != 0 {
 		t.Errorf("Expected exchange errors not to count as health failures")

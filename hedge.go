@@ -1,14 +1,11 @@
 package dotforward
 
 import (
-	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,6 +23,11 @@ import (
 //     over any run of queries, so an outage cannot double the load on the
 //     remaining upstreams;
 //   - a race never outlives forward: both exchanges have returned when race does.
+//
+// The race itself is part of a query's way through the upstreams (route.go:
+// hedged, race, hedgeRun); this file holds what it asks: the delay (fixed, or
+// hedge auto's estimator over the upstream's answer times, see answertime.go)
+// and the budget. The numbers and why: docs/design.md, "Hedging".
 
 // Limits of the auto delay, and how it is derived from an upstream's answer times.
 const (
@@ -76,7 +78,7 @@ func (h *hedger) delay(u *upstream) time.Duration {
 	if h.fixed > 0 {
 		return h.fixed
 	}
-	return u.hedgeDelay.current()
+	return u.answers.hedge.current()
 }
 
 // hedgeBudget grants hedges as a token bucket filled by queries: each query counted
@@ -180,161 +182,4 @@ func (e *hedgeEstimator) set(d time.Duration) {
 func quantile(sorted []int64, permille int) int64 {
 	rank := (permille*len(sorted) + 999) / 1000
 	return sorted[min(max(rank, 1), len(sorted))-1]
-}
-
-// errHedgePanicked is the outcome of a hedge whose exchange panicked.
-var errHedgePanicked = errors.New("hedge exchange panicked")
-
-// outcome is one exchange's result: the upstream, and its answer or error.
-type outcome struct {
-	u   *upstream
-	ret *dns.Msg
-	err error
-}
-
-// wins reports whether o ends the query: an answer whose rcode is not a failover one.
-func (f *DoTForward) wins(o outcome) bool { return o.err == nil && !f.failover[o.ret.Rcode] }
-
-// hedged sends r to the route's next upstream and races it against the one
-// after it in the list. The route settles the winner's outcome alone, or both
-// outcomes in list order when neither won, which is what it would have got from
-// trying them in turn. The route's hedge is spent once one was sent.
-func (f *DoTForward) hedged(ctx context.Context, r *dns.Msg, deadline time.Time, rt *route) (ret *dns.Msg, done bool, err error) {
-	var outs [2]outcome
-	u, v := rt.list[rt.i], rt.list[(rt.i+1)%len(rt.list)]
-	n, sent := f.race(ctx, r, deadline, u, v, &outs)
-	if sent {
-		rt.hedge = false
-	}
-	for _, o := range outs[:n] {
-		if ret, done, err := f.settle(ctx, rt, o); done {
-			return ret, done, err
-		}
-	}
-	return nil, false, nil
-}
-
-// race sends r to u and, if no answer came within the hedge delay, to v as well
-// (when v is up and the budget allows). It puts the first valid answer's outcome
-// in outs; if neither exchange won, both outcomes, u's first; n says how many,
-// and sent whether the hedge went out. Both exchanges have returned when race
-// does.
-func (f *DoTForward) race(ctx context.Context, r *dns.Msg, deadline time.Time, u, v *upstream, outs *[2]outcome) (n int, sent bool) {
-	firstCtx, cancelFirst := context.WithCancel(ctx)
-	defer cancelFirst()
-	h := &hedgeRun{f: f, v: v, r: ownOPT(r), deadline: deadline, parent: ctx, cancelFirst: cancelFirst, done: make(chan outcome, 1)}
-	// The hedge starts in the timer's goroutine; the first exchange runs in ours,
-	// so the common case (an answer before the delay) costs no goroutine.
-	t := time.AfterFunc(f.hedge.delay(u), h.run)
-	start := time.Now()
-	ret, err := u.exchange(firstCtx, r, deadline)
-	first := outcome{u: u, ret: ret, err: err}
-	outs[0] = first
-	if t.Stop() {
-		return 1, false // answered (or failed) before the delay
-	}
-	if f.wins(first) {
-		h.stop() // the hedge, if it went out, has lost
-	}
-	second := <-h.done // bounded: the hedge ends at its deadline, or at once when stopped
-	switch {
-	case second.u == nil: // not sent: v was down or the budget spent
-		return 1, false
-	case f.wins(first):
-		u.obs.hedgeWinFirst.Inc()
-		return 1, true
-	case f.wins(second):
-		v.obs.hedgeWinHedge.Inc()
-		if errors.Is(first.err, context.Canceled) && ctx.Err() == nil {
-			// Cut short by the hedge's answer: no answer after this long is a
-			// lower bound of u's answer time, which keeps the estimate honest
-			// about the slow answers it no longer sees.
-			u.hedgeDelay.observe(time.Since(start))
-		}
-		outs[0] = second
-		return 1, true
-	}
-	outs[1] = second
-	return 2, true
-}
-
-// ownOPT returns a shallow copy of r with a copy of its OPT record, made before
-// the first exchange packs r: miekg/dns writes the OPT's extended rcode bits when
-// it packs a message, and the hedge packs its message on another goroutine while
-// the first exchange may be packing r. Everything else packing only reads.
-func ownOPT(r *dns.Msg) *dns.Msg {
-	i := slices.IndexFunc(r.Extra, func(rr dns.RR) bool { _, ok := rr.(*dns.OPT); return ok })
-	if i < 0 {
-		return r
-	}
-	c := *r
-	c.Extra = slices.Clone(r.Extra)
-	opt := *r.Extra[i].(*dns.OPT)
-	c.Extra[i] = &opt
-	return &c
-}
-
-// hedgeRun is the hedge of one race. run is called by the race's timer; stop by
-// the race when the first exchange won.
-type hedgeRun struct {
-	f           *DoTForward
-	v           *upstream
-	r           *dns.Msg
-	deadline    time.Time
-	parent      context.Context
-	cancelFirst context.CancelFunc
-	done        chan outcome // receives the hedge's outcome, or a zero one if none was sent
-
-	mu      sync.Mutex
-	stopped bool
-	cancel  context.CancelFunc // the hedge's, once sent
-}
-
-// run sends the hedge unless the race was decided meanwhile, v is down or the
-// budget is spent. A valid answer cancels the first exchange; any other outcome
-// leaves it running, so that a failover answer or an error of the hedge never
-// wins over a later valid answer of the first upstream.
-func (h *hedgeRun) run() {
-	h.mu.Lock()
-	send := !h.stopped && !h.v.Down()
-	if send && !h.f.hedge.budget.take() {
-		hedgeBudgetExhausted.Inc()
-		send = false
-	}
-	if !send {
-		h.mu.Unlock()
-		h.done <- outcome{}
-		return
-	}
-	ctx, cancel := context.WithCancel(h.parent)
-	h.cancel = cancel
-	h.mu.Unlock()
-	// The race waits for this outcome, and a panic here, outside the query's
-	// goroutine, is not recovered by CoreDNS: it becomes an error outcome.
-	o := outcome{u: h.v, err: errHedgePanicked}
-	defer func() {
-		if p := recover(); p != nil {
-			log.Errorf("Hedge to %s panicked: %v", h.v.addr, p)
-		}
-		cancel()
-		h.done <- o
-	}()
-
-	h.v.obs.hedges.Inc()
-	ret, err := h.v.exchange(ctx, h.r, h.deadline)
-	o = outcome{u: h.v, ret: ret, err: err}
-	if h.f.wins(o) {
-		h.cancelFirst()
-	}
-}
-
-// stop abandons the hedge: it is not sent if it has not been yet, and cancelled
-// if it has.
-func (h *hedgeRun) stop() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.stopped = true
-	if h.cancel != nil {
-		h.cancel()
-	}
 }

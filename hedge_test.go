@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coredns/coredns/plugin/metadata"
@@ -19,10 +20,10 @@ import (
 
 // The handler tests below assert structure, not wall-clock thresholds: which
 // upstream's answer the client got (dotforward/upstream), how many queries each
-// fake upstream received, and the hedge counters. The race runs on the pool's
-// real TLS connections, whose I/O a testing/synctest bubble cannot hold, so the
-// delays are chosen far apart (a hedge after 100ms, slow answers after 1s) to stay
-// unambiguous on a loaded machine.
+// fake upstream received, and the hedge counters. They run in testing/synctest
+// bubbles over in-memory TLS connections (startPipe, newPipeForward): hedge
+// delays, slow answers and timeouts pass on the bubble's virtual clock, exactly
+// and at once, so a loaded machine cannot reorder them.
 
 // slowNames holds back the names that start with "slow" for d.
 func slowNames(d time.Duration) func(dns.Question) time.Duration {
@@ -63,76 +64,80 @@ func hedgesTo(t *testing.T, addr string) float64 {
 // first would have answered; the fast names never reach the second upstream. The
 // abandoned exchanges' late answers are dropped and counted as late.
 func TestHedgeSlowNamesAnsweredBySecond(t *testing.T) {
-	cert := testCert(t)
-	a := startServer(t, cert, dottest.Options{Delay: slowNames(time.Second)})
-	b := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential\nhedge 100ms 100", a.Addr, b.Addr)
-	// The first query dials; a slow handshake on a loaded machine may be hedged.
-	answeredBy(t, f, newMsg("warmup.example.org.", dns.TypeA))
-	bBefore, hedgesBefore := b.Queries(), hedgesTo(t, b.Addr)
-	winsBefore := metricValue(t, hedgeWinsTotal.WithLabelValues(b.Addr, "hedge"))
-	lateBefore := metricValue(t, droppedTotal.WithLabelValues(a.Addr, dot.DropLate.String()))
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		a := startPipe(t, cert, dottest.Options{Delay: slowNames(time.Second)})
+		b := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy sequential\nhedge 100ms 100", a, b)
+		// The first query dials; a slow handshake on a loaded machine may be hedged.
+		answeredBy(t, f, newMsg("warmup.example.org.", dns.TypeA))
+		bBefore, hedgesBefore := b.Queries(), hedgesTo(t, b.Addr)
+		winsBefore := metricValue(t, hedgeWinsTotal.WithLabelValues(b.Addr, "hedge"))
+		lateBefore := metricValue(t, droppedTotal.WithLabelValues(a.Addr, dot.DropLate.String()))
 
-	for i := range 10 {
-		if _, from := answeredBy(t, f, newMsg(fmt.Sprintf("fast%d.example.org.", i), dns.TypeA)); from != a.Addr {
-			t.Errorf("Fast name %d: expected the answer of the first upstream %s, got %s's", i, a.Addr, from)
+		for i := range 10 {
+			if _, from := answeredBy(t, f, newMsg(fmt.Sprintf("fast%d.example.org.", i), dns.TypeA)); from != a.Addr {
+				t.Errorf("Fast name %d: expected the answer of the first upstream %s, got %s's", i, a.Addr, from)
+			}
 		}
-	}
-	if got := b.Queries() - bBefore; got != 0 {
-		t.Errorf("Expected no fast name hedged, the second upstream got %d queries", got)
-	}
-	const slow = 5
-	for i := range slow {
-		if _, from := answeredBy(t, f, newMsg(fmt.Sprintf("slow%d.example.org.", i), dns.TypeA)); from != b.Addr {
-			t.Errorf("Slow name %d: expected the hedge's answer from %s, got %s's", i, b.Addr, from)
+		if got := b.Queries() - bBefore; got != 0 {
+			t.Errorf("Expected no fast name hedged, the second upstream got %d queries", got)
 		}
-	}
-	if got := b.Queries() - bBefore; got != slow {
-		t.Errorf("Expected the %d slow names hedged to the second upstream, it got %d queries", slow, got)
-	}
-	if got := hedgesTo(t, b.Addr) - hedgesBefore; got != slow {
-		t.Errorf("Expected hedges_total{to=%s} +%d, got %+v", b.Addr, slow, got)
-	}
-	if got := metricValue(t, hedgeWinsTotal.WithLabelValues(b.Addr, "hedge")) - winsBefore; got != slow {
-		t.Errorf("Expected hedge_wins_total{winner=hedge} +%d, got %+v", slow, got)
-	}
-	waitFor(t, "the first upstream's late answers dropped as late", func() bool {
-		return metricValue(t, droppedTotal.WithLabelValues(a.Addr, dot.DropLate.String()))-lateBefore == slow
+		const slow = 5
+		for i := range slow {
+			if _, from := answeredBy(t, f, newMsg(fmt.Sprintf("slow%d.example.org.", i), dns.TypeA)); from != b.Addr {
+				t.Errorf("Slow name %d: expected the hedge's answer from %s, got %s's", i, b.Addr, from)
+			}
+		}
+		if got := b.Queries() - bBefore; got != slow {
+			t.Errorf("Expected the %d slow names hedged to the second upstream, it got %d queries", slow, got)
+		}
+		if got := hedgesTo(t, b.Addr) - hedgesBefore; got != slow {
+			t.Errorf("Expected hedges_total{to=%s} +%d, got %+v", b.Addr, slow, got)
+		}
+		if got := metricValue(t, hedgeWinsTotal.WithLabelValues(b.Addr, "hedge")) - winsBefore; got != slow {
+			t.Errorf("Expected hedge_wins_total{winner=hedge} +%d, got %+v", slow, got)
+		}
+		waitFor(t, "the first upstream's late answers dropped as late", func() bool {
+			return metricValue(t, droppedTotal.WithLabelValues(a.Addr, dot.DropLate.String()))-lateBefore == slow
+		})
 	})
 }
 
 // TestHedgeBudget: with every query slow on the first upstream, the hedges stay
 // within MAX_PERCENT of the queries plus the burst.
 func TestHedgeBudget(t *testing.T) {
-	cert := testCert(t)
-	a := startServer(t, cert, dottest.Options{Delay: allSlow(200 * time.Millisecond)})
-	b := startServer(t, cert, dottest.Options{})
-	const percent, queries, workers = 10, 200, 20
-	f := newForward(t, cert, fmt.Sprintf("policy sequential\nhedge 5ms %d", percent), a.Addr, b.Addr)
-	exhausted := metricValue(t, hedgeBudgetExhausted)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		a := startPipe(t, cert, dottest.Options{Delay: allSlow(200 * time.Millisecond)})
+		b := startPipe(t, cert, dottest.Options{})
+		const percent, queries, workers = 10, 200, 20
+		f := newPipeForward(t, cert, fmt.Sprintf("policy sequential\nhedge 5ms %d", percent), a, b)
+		exhausted := metricValue(t, hedgeBudgetExhausted)
 
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := w; i < queries; i += workers {
-				if _, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA)); rcode != dns.RcodeSuccess {
-					t.Errorf("Query %d: expected an answer, got rcode %d, error %v", i, rcode, err)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := w; i < queries; i += workers {
+					if _, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA)); rcode != dns.RcodeSuccess {
+						t.Errorf("Query %d: expected an answer, got rcode %d, error %v", i, rcode, err)
+					}
 				}
-			}
-		})
-	}
-	wg.Wait()
-	hedges := b.Queries()
-	limit := int64(hedgeBurst + queries*percent/100)
-	if hedges > limit {
-		t.Errorf("Expected at most %d hedges (%d %% of %d queries + a burst of %d), got %d", limit, percent, queries, hedgeBurst, hedges)
-	}
-	if hedges < queries*percent/100/2 {
-		t.Errorf("Expected about %d hedges (%d %% of %d queries, every one slow), got %d", queries*percent/100, percent, queries, hedges)
-	}
-	if got := metricValue(t, hedgeBudgetExhausted) - exhausted; got < float64(queries-limit) {
-		t.Errorf("Expected at least %d hedges refused for the budget, got %v", queries-limit, got)
-	}
+			})
+		}
+		wg.Wait()
+		hedges := b.Queries()
+		limit := int64(hedgeBurst + queries*percent/100)
+		if hedges > limit {
+			t.Errorf("Expected at most %d hedges (%d %% of %d queries + a burst of %d), got %d", limit, percent, queries, hedgeBurst, hedges)
+		}
+		if hedges < queries*percent/100/2 {
+			t.Errorf("Expected about %d hedges (%d %% of %d queries, every one slow), got %d", queries*percent/100, percent, queries, hedges)
+		}
+		if got := metricValue(t, hedgeBudgetExhausted) - exhausted; got < float64(queries-limit) {
+			t.Errorf("Expected at least %d hedges refused for the budget, got %v", queries-limit, got)
+		}
+	})
 }
 
 // TestHedgeExclusions: no hedge for a message other than QUERY, with one
@@ -142,79 +147,91 @@ func TestHedgeBudget(t *testing.T) {
 func TestHedgeExclusions(t *testing.T) {
 	slowA := dottest.Options{Delay: allSlow(time.Second)}
 	t.Run("NOTIFY", func(t *testing.T) {
-		cert := testCert(t)
-		a, b := startServer(t, cert, slowA), startServer(t, cert, dottest.Options{})
-		f := newForward(t, cert, "policy sequential\nhedge 100ms 100", a.Addr, b.Addr)
-		if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != b.Addr || b.Queries() != 1 {
-			t.Fatalf("Expected a QUERY hedged to %s, got the answer of %s, %d queries there", b.Addr, from, b.Queries())
-		}
-		if _, from := answeredBy(t, f, new(dns.Msg).SetNotify("example.org.")); from != a.Addr {
-			t.Errorf("Expected the NOTIFY answered by the first upstream %s, got %s", a.Addr, from)
-		}
-		if got := b.Queries(); got != 1 {
-			t.Errorf("Expected the NOTIFY never hedged, the second upstream got %d messages in all", got)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			a, b := startPipe(t, cert, slowA), startPipe(t, cert, dottest.Options{})
+			f := newPipeForward(t, cert, "policy sequential\nhedge 100ms 100", a, b)
+			if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != b.Addr || b.Queries() != 1 {
+				t.Fatalf("Expected a QUERY hedged to %s, got the answer of %s, %d queries there", b.Addr, from, b.Queries())
+			}
+			if _, from := answeredBy(t, f, new(dns.Msg).SetNotify("example.org.")); from != a.Addr {
+				t.Errorf("Expected the NOTIFY answered by the first upstream %s, got %s", a.Addr, from)
+			}
+			if got := b.Queries(); got != 1 {
+				t.Errorf("Expected the NOTIFY never hedged, the second upstream got %d messages in all", got)
+			}
+		})
 	})
 	t.Run("one upstream", func(t *testing.T) {
-		cert := testCert(t)
-		a := startServer(t, cert, slowA)
-		f := newForward(t, cert, "hedge 100ms 100", a.Addr)
-		answeredBy(t, f, newMsg("example.org.", dns.TypeA))
-		if a.Queries() != 1 || hedgesTo(t, a.Addr) != 0 {
-			t.Errorf("Expected one query and no hedge, got %d queries, %v hedges", a.Queries(), hedgesTo(t, a.Addr))
-		}
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			a := startPipe(t, cert, slowA)
+			f := newPipeForward(t, cert, "hedge 100ms 100", a)
+			answeredBy(t, f, newMsg("example.org.", dns.TypeA))
+			if a.Queries() != 1 || hedgesTo(t, a.Addr) != 0 {
+				t.Errorf("Expected one query and no hedge, got %d queries, %v hedges", a.Queries(), hedgesTo(t, a.Addr))
+			}
+		})
 	})
 	t.Run("next down", func(t *testing.T) {
-		cert := testCert(t)
-		a, b := startServer(t, cert, slowA), startServer(t, cert, dottest.Options{})
-		f := newForward(t, cert, "policy sequential\nhedge 100ms 100", a.Addr, b.Addr)
-		if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != b.Addr {
-			t.Fatalf("Expected a query hedged to %s, got the answer of %s", b.Addr, from)
-		}
-		f.upstreams[1].health.setDown(dot.ErrDial)
-		if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != a.Addr {
-			t.Errorf("Expected the answer of %s with the second upstream down, got %s's", a.Addr, from)
-		}
-		if got := b.Queries(); got != 1 {
-			t.Errorf("Expected no hedge to the upstream that is down, it got %d queries in all", got)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			a, b := startPipe(t, cert, slowA), startPipe(t, cert, dottest.Options{})
+			f := newPipeForward(t, cert, "policy sequential\nhedge 100ms 100", a, b)
+			if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != b.Addr {
+				t.Fatalf("Expected a query hedged to %s, got the answer of %s", b.Addr, from)
+			}
+			f.upstreams[1].health.setDown(dot.ErrDial)
+			if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != a.Addr {
+				t.Errorf("Expected the answer of %s with the second upstream down, got %s's", a.Addr, from)
+			}
+			if got := b.Queries(); got != 1 {
+				t.Errorf("Expected no hedge to the upstream that is down, it got %d queries in all", got)
+			}
+		})
 	})
 	t.Run("next down when the delay passes", func(t *testing.T) {
-		cert := testCert(t)
-		var f *DoTForward
-		a := startServer(t, cert, dottest.Options{Delay: func(q dns.Question) time.Duration {
-			if q.Name == "warm.example.org." {
-				return 0
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			var f *DoTForward
+			a := startPipe(t, cert, dottest.Options{Delay: func(q dns.Question) time.Duration {
+				if q.Name == "warm.example.org." {
+					return 0
+				}
+				f.upstreams[1].health.setDown(dot.ErrDial) // before the 100ms hedge delay passes
+				return 500 * time.Millisecond
+			}})
+			b := startPipe(t, cert, dottest.Options{})
+			f = newPipeForward(t, cert, "policy sequential\nhedge 100ms 100", a, b)
+			// The connection to the first upstream is open before the query that
+			// counts: a handshake slower than the hedge delay would hedge it before
+			// the first upstream could mark the second one down.
+			answeredBy(t, f, newMsg("warm.example.org.", dns.TypeA))
+			if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != a.Addr || b.Queries() != 0 {
+				t.Errorf("Expected the first upstream's answer and no hedge, got %s's answer, %d queries at the second", from, b.Queries())
 			}
-			f.upstreams[1].health.setDown(dot.ErrDial) // before the 100ms hedge delay passes
-			return 500 * time.Millisecond
-		}})
-		b := startServer(t, cert, dottest.Options{})
-		f = newForward(t, cert, "policy sequential\nhedge 100ms 100", a.Addr, b.Addr)
-		// The connection to the first upstream is open before the query that
-		// counts: a handshake slower than the hedge delay would hedge it before
-		// the first upstream could mark the second one down.
-		answeredBy(t, f, newMsg("warm.example.org.", dns.TypeA))
-		if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != a.Addr || b.Queries() != 0 {
-			t.Errorf("Expected the first upstream's answer and no hedge, got %s's answer, %d queries at the second", from, b.Queries())
-		}
+		})
 	})
 	t.Run("next up after a down one", func(t *testing.T) {
-		cert := testCert(t)
-		a, b, c := startServer(t, cert, slowA), startServer(t, cert, dottest.Options{}), startServer(t, cert, dottest.Options{})
-		f := newForward(t, cert, "policy sequential\nhedge 100ms 100", a.Addr, b.Addr, c.Addr)
-		f.upstreams[1].health.setDown(dot.ErrDial)
-		if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != c.Addr || b.Queries() != 0 {
-			t.Errorf("Expected the hedge to go to the next upstream up, %s; got the answer of %s, %d queries at the one down", c.Addr, from, b.Queries())
-		}
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			a, b, c := startPipe(t, cert, slowA), startPipe(t, cert, dottest.Options{}), startPipe(t, cert, dottest.Options{})
+			f := newPipeForward(t, cert, "policy sequential\nhedge 100ms 100", a, b, c)
+			f.upstreams[1].health.setDown(dot.ErrDial)
+			if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != c.Addr || b.Queries() != 0 {
+				t.Errorf("Expected the hedge to go to the next upstream up, %s; got the answer of %s, %d queries at the one down", c.Addr, from, b.Queries())
+			}
+		})
 	})
 	t.Run("one attempt allowed", func(t *testing.T) {
-		cert := testCert(t)
-		a, b := startServer(t, cert, slowA), startServer(t, cert, dottest.Options{})
-		f := newForward(t, cert, "policy sequential\nhedge 100ms 100\nmax_connect_attempts 1", a.Addr, b.Addr)
-		if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != a.Addr || b.Queries() != 0 {
-			t.Errorf("Expected no hedge with max_connect_attempts 1, got the answer of %s, %d queries at the second", from, b.Queries())
-		}
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			a, b := startPipe(t, cert, slowA), startPipe(t, cert, dottest.Options{})
+			f := newPipeForward(t, cert, "policy sequential\nhedge 100ms 100\nmax_connect_attempts 1", a, b)
+			if _, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA)); from != a.Addr || b.Queries() != 0 {
+				t.Errorf("Expected no hedge with max_connect_attempts 1, got the answer of %s, %d queries at the second", from, b.Queries())
+			}
+		})
 	})
 }
 
@@ -224,35 +241,39 @@ func TestHedgeExclusions(t *testing.T) {
 func TestHedgeFailoverAnswers(t *testing.T) {
 	servfail := rcodeAnswer(dns.RcodeServerFailure)
 	t.Run("valid first after failover hedge", func(t *testing.T) {
-		cert := testCert(t)
-		a := startServer(t, cert, dottest.Options{Delay: allSlow(300 * time.Millisecond)})
-		b := startServer(t, cert, dottest.Options{Handler: servfail})
-		f := newForward(t, cert, "policy sequential\nfailover SERVFAIL\nhedge 50ms 100", a.Addr, b.Addr)
-		wins := metricValue(t, hedgeWinsTotal.WithLabelValues(a.Addr, "first"))
-		ret, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA))
-		if ret.Rcode != dns.RcodeSuccess || from != a.Addr {
-			t.Errorf("Expected the first upstream's NOERROR, got %s from %s", dns.RcodeToString[ret.Rcode], from)
-		}
-		if b.Queries() != 1 {
-			t.Errorf("Expected the query hedged to the second upstream, it got %d", b.Queries())
-		}
-		if got := metricValue(t, hedgeWinsTotal.WithLabelValues(a.Addr, "first")) - wins; got != 1 {
-			t.Errorf("Expected hedge_wins_total{winner=first} +1, got %+v", got)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			a := startPipe(t, cert, dottest.Options{Delay: allSlow(300 * time.Millisecond)})
+			b := startPipe(t, cert, dottest.Options{Handler: servfail})
+			f := newPipeForward(t, cert, "policy sequential\nfailover SERVFAIL\nhedge 50ms 100", a, b)
+			wins := metricValue(t, hedgeWinsTotal.WithLabelValues(a.Addr, "first"))
+			ret, from := answeredBy(t, f, newMsg("example.org.", dns.TypeA))
+			if ret.Rcode != dns.RcodeSuccess || from != a.Addr {
+				t.Errorf("Expected the first upstream's NOERROR, got %s from %s", dns.RcodeToString[ret.Rcode], from)
+			}
+			if b.Queries() != 1 {
+				t.Errorf("Expected the query hedged to the second upstream, it got %d", b.Queries())
+			}
+			if got := metricValue(t, hedgeWinsTotal.WithLabelValues(a.Addr, "first")) - wins; got != 1 {
+				t.Errorf("Expected hedge_wins_total{winner=first} +1, got %+v", got)
+			}
+		})
 	})
 	t.Run("both failover", func(t *testing.T) {
-		cert := testCert(t)
-		a := startServer(t, cert, dottest.Options{Handler: servfail, Delay: allSlow(300 * time.Millisecond)})
-		b := startServer(t, cert, dottest.Options{Handler: servfail})
-		f := newForward(t, cert, "policy sequential\nfailover SERVFAIL\nhedge 50ms 100", a.Addr, b.Addr)
-		hedges := hedgesTo(t, b.Addr)
-		ret, _ := answeredBy(t, f, newMsg("example.org.", dns.TypeA))
-		if ret.Rcode != dns.RcodeServerFailure {
-			t.Errorf("Expected the SERVFAIL held, got %s", dns.RcodeToString[ret.Rcode])
-		}
-		if a.Queries() != 1 || b.Queries() != 1 || hedgesTo(t, b.Addr)-hedges != 1 {
-			t.Errorf("Expected one query at each upstream, the second's a hedge; got %d and %d, %v hedges", a.Queries(), b.Queries(), hedgesTo(t, b.Addr)-hedges)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			cert := testCert(t)
+			a := startPipe(t, cert, dottest.Options{Handler: servfail, Delay: allSlow(300 * time.Millisecond)})
+			b := startPipe(t, cert, dottest.Options{Handler: servfail})
+			f := newPipeForward(t, cert, "policy sequential\nfailover SERVFAIL\nhedge 50ms 100", a, b)
+			hedges := hedgesTo(t, b.Addr)
+			ret, _ := answeredBy(t, f, newMsg("example.org.", dns.TypeA))
+			if ret.Rcode != dns.RcodeServerFailure {
+				t.Errorf("Expected the SERVFAIL held, got %s", dns.RcodeToString[ret.Rcode])
+			}
+			if a.Queries() != 1 || b.Queries() != 1 || hedgesTo(t, b.Addr)-hedges != 1 {
+				t.Errorf("Expected one query at each upstream, the second's a hedge; got %d and %d, %v hedges", a.Queries(), b.Queries(), hedgesTo(t, b.Addr)-hedges)
+			}
+		})
 	})
 }
 
@@ -260,33 +281,35 @@ func TestHedgeFailoverAnswers(t *testing.T) {
 // upstream's answer times (fast: the lower bound), exports the delay, and
 // hedges the slow names to the second upstream.
 func TestHedgeAuto(t *testing.T) {
-	cert := testCert(t)
-	a := startServer(t, cert, dottest.Options{Delay: slowNames(time.Second)})
-	b := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential\nhedge auto 100\nread_timeout 3s", a.Addr, b.Addr)
-	u := f.upstreams[0]
-	if d := u.hedgeDelay.current(); d != 1500*time.Millisecond {
-		t.Errorf("Expected the delay at read_timeout/2 before any answer, got %v", d)
-	}
-	for i := range hedgeRecompute {
-		answeredBy(t, f, newMsg(fmt.Sprintf("fast%d.example.org.", i), dns.TypeA))
-	}
-	d := u.hedgeDelay.current()
-	if d < hedgeMinDelay || d >= 1500*time.Millisecond {
-		t.Errorf("Expected a delay from the fast answers, within [%v, 1.5s), got %v", hedgeMinDelay, d)
-	}
-	if g := metricValue(t, hedgeDelaySeconds.WithLabelValues(a.Addr)); g != d.Seconds() {
-		t.Errorf("Expected hedge_delay_seconds %v, got %v", d.Seconds(), g)
-	}
-	bBefore := b.Queries()
-	for i := range 3 {
-		if _, from := answeredBy(t, f, newMsg(fmt.Sprintf("slow%d.example.org.", i), dns.TypeA)); from != b.Addr {
-			t.Errorf("Slow name %d: expected the hedge's answer from %s, got %s's", i, b.Addr, from)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		a := startPipe(t, cert, dottest.Options{Delay: slowNames(time.Second)})
+		b := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy sequential\nhedge auto 100\nread_timeout 3s", a, b)
+		u := f.upstreams[0]
+		if d := u.answers.hedge.current(); d != 1500*time.Millisecond {
+			t.Errorf("Expected the delay at read_timeout/2 before any answer, got %v", d)
 		}
-	}
-	if got := b.Queries() - bBefore; got != 3 {
-		t.Errorf("Expected the 3 slow names hedged, the second upstream got %d", got)
-	}
+		for i := range hedgeRecompute {
+			answeredBy(t, f, newMsg(fmt.Sprintf("fast%d.example.org.", i), dns.TypeA))
+		}
+		d := u.answers.hedge.current()
+		if d < hedgeMinDelay || d >= 1500*time.Millisecond {
+			t.Errorf("Expected a delay from the fast answers, within [%v, 1.5s), got %v", hedgeMinDelay, d)
+		}
+		if g := metricValue(t, hedgeDelaySeconds.WithLabelValues(a.Addr)); g != d.Seconds() {
+			t.Errorf("Expected hedge_delay_seconds %v, got %v", d.Seconds(), g)
+		}
+		bBefore := b.Queries()
+		for i := range 3 {
+			if _, from := answeredBy(t, f, newMsg(fmt.Sprintf("slow%d.example.org.", i), dns.TypeA)); from != b.Addr {
+				t.Errorf("Slow name %d: expected the hedge's answer from %s, got %s's", i, b.Addr, from)
+			}
+		}
+		if got := b.Queries() - bBefore; got != 3 {
+			t.Errorf("Expected the 3 slow names hedged, the second upstream got %d", got)
+		}
+	})
 }
 
 // TestHedgeEstimator feeds synthetic answer times: the delay is twice their 90th
@@ -464,20 +487,22 @@ func TestHedgePanicBecomesAnOutcome(t *testing.T) {
 // the hedge must pack a copy of its own (under -race, sharing it is a data race).
 // The client's OPT, DO bit included, reaches it in the hedge's answer.
 func TestHedgeOfAnEDNSQuery(t *testing.T) {
-	cert := testCert(t)
-	a := startServer(t, cert, dottest.Options{Delay: slowNames(time.Second)})
-	b := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential\nhedge 20ms 100", a.Addr, b.Addr)
-	answeredBy(t, f, newMsg("warmup.example.org.", dns.TypeA))
-	for i := range 3 {
-		m := newMsg(fmt.Sprintf("slow-edns%d.example.org.", i), dns.TypeA)
-		m.SetEdns0(1232, true)
-		ret, from := answeredBy(t, f, m)
-		if from != b.Addr {
-			t.Errorf("Query %d: expected the hedge's answer from %s, got %s's", i, b.Addr, from)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		a := startPipe(t, cert, dottest.Options{Delay: slowNames(time.Second)})
+		b := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy sequential\nhedge 20ms 100", a, b)
+		answeredBy(t, f, newMsg("warmup.example.org.", dns.TypeA))
+		for i := range 3 {
+			m := newMsg(fmt.Sprintf("slow-edns%d.example.org.", i), dns.TypeA)
+			m.SetEdns0(1232, true)
+			ret, from := answeredBy(t, f, m)
+			if from != b.Addr {
+				t.Errorf("Query %d: expected the hedge's answer from %s, got %s's", i, b.Addr, from)
+			}
+			if ret.IsEdns0() == nil {
+				t.Errorf("Query %d: expected an OPT in the answer to a query with one", i)
+			}
 		}
-		if ret.IsEdns0() == nil {
-			t.Errorf("Query %d: expected an OPT in the answer to a query with one", i)
-		}
-	}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/coredns/caddy"
@@ -50,6 +51,15 @@ func deadAddr(t *testing.T, cert *dottest.Cert) string {
 // trusting cert, starts it and shuts it down when the test or benchmark ends.
 func newForward(t testing.TB, cert *dottest.Cert, options string, addrs ...string) *DoTForward {
 	t.Helper()
+	f := parseForward(t, cert, options, addrs...)
+	startForward(t, f)
+	return f
+}
+
+// parseForward parses a dotforward line for addrs with the given block options,
+// trusting cert, without starting it.
+func parseForward(t testing.TB, cert *dottest.Cert, options string, addrs ...string) *DoTForward {
+	t.Helper()
 	ca := writeFile(t, t.TempDir(), "ca.pem", cert.CAPEM)
 	to := ""
 	for _, a := range addrs {
@@ -64,7 +74,12 @@ func newForward(t testing.TB, cert *dottest.Cert, options string, addrs ...strin
 	if err != nil {
 		t.Fatalf("Parsing %q: %v", input, err)
 	}
-	f := fs[0]
+	return fs[0]
+}
+
+// startForward starts f and shuts it down when the test ends.
+func startForward(t testing.TB, f *DoTForward) {
+	t.Helper()
 	if err := f.OnStartup(); err != nil {
 		t.Fatalf("Starting: %v", err)
 	}
@@ -74,6 +89,41 @@ func newForward(t testing.TB, cert *dottest.Cert, options string, addrs ...strin
 		}
 		checkNoPoolGoroutines(t)
 	})
+}
+
+// pipePorts names the root tests' Pipe servers apart: metrics are global and
+// keyed by an upstream's address, and a test counts from its own start.
+var pipePorts atomic.Int32
+
+// startPipe starts a fake upstream with the shared certificate that serves
+// in-memory pipes (dottest.Options.Pipe), for a test inside a testing/synctest
+// bubble: the pool's timers and the server's delays then run on the bubble's
+// virtual clock, which jumps ahead whenever every goroutine waits, so a test
+// of hedge delays and timeouts takes no wall-clock time and cannot be upset
+// by a loaded machine. Start it inside the bubble, and newPipeForward with it.
+func startPipe(t *testing.T, cert *dottest.Cert, opts dottest.Options) *dottest.Server {
+	t.Helper()
+	opts.Cert, opts.Pipe = cert, true
+	opts.Addr = fmt.Sprintf("127.0.0.1:%d", 20000+pipePorts.Add(1)%40000)
+	return dottest.Start(t, opts)
+}
+
+// newPipeForward is newForward over Pipe servers: each upstream dials its
+// server in memory (the test hook is dot.Config.Dial, set between parsing and
+// starting) with the servers' key exchange.
+func newPipeForward(t *testing.T, cert *dottest.Cert, options string, servers ...*dottest.Server) *DoTForward {
+	t.Helper()
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+	}
+	f := parseForward(t, cert, options, addrs...)
+	for i, u := range f.upstreams {
+		u.cfg.Dial = servers[i].Dial
+		u.cfg.TLS = u.cfg.TLS.Clone()
+		u.cfg.TLS.CurvePreferences = servers[i].ClientTLS().CurvePreferences
+	}
+	startForward(t, f)
 	return f
 }
 
@@ -94,6 +144,8 @@ func newMsg(name string, qtype uint16) *dns.Msg {
 }
 
 // waitFor and checkNoPoolGoroutines are dottest's, under the names the tests use.
+// Inside a synctest bubble waitFor polls on the virtual clock, which costs no
+// wall-clock time; outside one, each call says why it needs real time.
 func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); dottest.WaitFor(t, what, cond) }
 
 func checkNoPoolGoroutines(t testing.TB) { t.Helper(); dottest.CheckNoPoolGoroutines(t) }
@@ -131,4 +183,13 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// deadPipe returns a closed Pipe server: dialing it fails at once, as dialing an
+// address where nothing listens does.
+func deadPipe(t *testing.T, cert *dottest.Cert) *dottest.Server {
+	t.Helper()
+	s := startPipe(t, cert, dottest.Options{})
+	s.Close()
+	return s
 }

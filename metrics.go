@@ -171,7 +171,7 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
 		Name:      "max_concurrent_rejects_total",
-		Help:      "Counter of queries refused because max_concurrent queries were in flight.",
+		Help:      "Counter of queries refused because max_concurrent queries were being served.",
 	})
 )
 
@@ -197,7 +197,7 @@ type observer struct {
 	noError       prometheus.Counter // the common rcode, bound in advance
 	rescues       prometheus.Counter
 	wanted        prometheus.Gauge
-	taking        prometheus.Gauge
+	counted       prometheus.Gauge // conns_taking: taking and not near their end
 
 	// Bound by bindHedging, for lines with hedge only; nil otherwise.
 	hedges        prometheus.Counter
@@ -231,7 +231,7 @@ func newObserver(to string) *observer {
 		noError:       responsesTotal.WithLabelValues(to, rcodeLabel(dns.RcodeSuccess)),
 		rescues:       rescuesTotal.WithLabelValues(to),
 		wanted:        connsWanted.WithLabelValues(to),
-		taking:        connsTaking.WithLabelValues(to),
+		counted:       connsTaking.WithLabelValues(to),
 	}
 }
 
@@ -319,9 +319,9 @@ func (o *observer) ModeLearned(m dot.Mode, perConn int) {
 }
 
 // Sized implements dot.SizeObserver.
-func (o *observer) Sized(wanted, open int) {
+func (o *observer) Sized(wanted, counted int) {
 	o.wanted.Set(float64(wanted))
-	o.taking.Set(float64(open))
+	o.counted.Set(float64(counted))
 }
 
 // Rescued implements dot.SizeObserver.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coredns/caddy"
@@ -60,57 +61,61 @@ func TestServeDNSKeepsIDCaseAndEDNS(t *testing.T) {
 }
 
 func TestServeDNSFailsOverToSecondUpstream(t *testing.T) {
-	cert := testCert(t)
-	dead := deadAddr(t, cert)
-	s := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential\nhealth_check 100ms", dead, s.Addr)
-	waitFor(t, "the first round of probes", f.Ready)
-	probes := s.Queries()
-	sentBefore := metricValue(t, requestsTotal.WithLabelValues(dead)) // metrics are keyed by address, which a later test may reuse
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		dead := deadPipe(t, cert)
+		s := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy sequential\nhealth_check 100ms", dead, s)
+		waitFor(t, "the first round of probes", f.Ready)
+		probes := s.Queries()
+		sentBefore := metricValue(t, requestsTotal.WithLabelValues(dead.Addr)) // metrics are keyed by address, which a later test may reuse
 
-	for i := range 3 {
-		rec, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA))
-		if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil || len(rec.Msg.Answer) != 1 {
-			t.Fatalf("Query %d: expected an answer from the second upstream, got rcode %d, error %v", i, rcode, err)
+		for i := range 3 {
+			rec, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA))
+			if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil || len(rec.Msg.Answer) != 1 {
+				t.Fatalf("Query %d: expected an answer from the second upstream, got rcode %d, error %v", i, rcode, err)
+			}
 		}
-	}
-	if got := s.Queries() - probes; got < 3 {
-		t.Errorf("Expected 3 queries at the second upstream, got %d", got)
-	}
-	if !f.upstreams[0].health.isDown() {
-		t.Errorf("Expected the unreachable upstream marked down")
-	}
-	if got := metricValue(t, requestsTotal.WithLabelValues(dead)) - sentBefore; got != 0 {
-		t.Errorf("Expected no client query sent to the upstream found down at startup, got %v", got)
-	}
-	if got := metricValue(t, upstreamHealthy.WithLabelValues(dead)); got != 0 {
-		t.Errorf("Expected upstream_healthy 0 for %s, got %v", dead, got)
-	}
+		if got := s.Queries() - probes; got < 3 {
+			t.Errorf("Expected 3 queries at the second upstream, got %d", got)
+		}
+		if !f.upstreams[0].health.isDown() {
+			t.Errorf("Expected the unreachable upstream marked down")
+		}
+		if got := metricValue(t, requestsTotal.WithLabelValues(dead.Addr)) - sentBefore; got != 0 {
+			t.Errorf("Expected no client query sent to the upstream found down at startup, got %v", got)
+		}
+		if got := metricValue(t, upstreamHealthy.WithLabelValues(dead.Addr)); got != 0 {
+			t.Errorf("Expected upstream_healthy 0 for %s, got %v", dead.Addr, got)
+		}
+	})
 }
 
 func TestServeDNSFailsOverOnTimeout(t *testing.T) {
-	cert := testCert(t)
-	silent := startServer(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	s := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy sequential\nread_timeout 200ms", silent.Addr, s.Addr)
-	// The metrics are process-wide and keyed by address: a port reused from an
-	// earlier test keeps that test's samples, so count from here.
-	timeoutsBefore := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr))
-	samplesBefore := histogramCount(t, silent.Addr)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		silent := startPipe(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		s := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy sequential\nread_timeout 200ms", silent, s)
+		// The metrics are process-wide and keyed by address: a port reused from an
+		// earlier test keeps that test's samples, so count from here.
+		timeoutsBefore := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr))
+		samplesBefore := histogramCount(t, silent.Addr)
 
-	rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
-	if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil {
-		t.Fatalf("Expected an answer from the second upstream, got rcode %d, error %v", rcode, err)
-	}
-	if silent.Queries() != 1 || s.Queries() != 1 {
-		t.Errorf("Expected one query at each upstream, got %d and %d", silent.Queries(), s.Queries())
-	}
-	if got := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr)) - timeoutsBefore; got != 1 {
-		t.Errorf("Expected timeouts_total 1 for the silent upstream, got %v", got)
-	}
-	if n := histogramCount(t, silent.Addr) - samplesBefore; n != 1 {
-		t.Errorf("Expected the failed exchange in request_duration_seconds, got %d samples", n)
-	}
+		rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
+		if err != nil || rcode != dns.RcodeSuccess || rec.Msg == nil {
+			t.Fatalf("Expected an answer from the second upstream, got rcode %d, error %v", rcode, err)
+		}
+		if silent.Queries() != 1 || s.Queries() != 1 {
+			t.Errorf("Expected one query at each upstream, got %d and %d", silent.Queries(), s.Queries())
+		}
+		if got := metricValue(t, timeoutsTotal.WithLabelValues(silent.Addr)) - timeoutsBefore; got != 1 {
+			t.Errorf("Expected timeouts_total 1 for the silent upstream, got %v", got)
+		}
+		if n := histogramCount(t, silent.Addr) - samplesBefore; n != 1 {
+			t.Errorf("Expected the failed exchange in request_duration_seconds, got %d samples", n)
+		}
+	})
 }
 
 func TestServeDNSFailoverRcodes(t *testing.T) {
@@ -149,36 +154,40 @@ func TestServeDNSFailoverRcodes(t *testing.T) {
 }
 
 func TestServeDNSAllFail(t *testing.T) {
-	cert := testCert(t)
-	dead1, dead2 := deadAddr(t, cert), deadAddr(t, cert)
-	f := newForward(t, cert, "health_check 100ms", dead1, dead2)
-	waitFor(t, "the first round of probes", f.Ready)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		dead1, dead2 := deadPipe(t, cert), deadPipe(t, cert)
+		f := newPipeForward(t, cert, "health_check 100ms", dead1, dead2)
+		waitFor(t, "the first round of probes", f.Ready)
 
-	rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
-	if rcode != dns.RcodeServerFailure || !errors.Is(err, dot.ErrUnavailable) {
-		t.Errorf("Expected SERVFAIL and the pools' ErrUnavailable, got rcode %d, error %v", rcode, err)
-	}
-	if rec.Msg != nil {
-		t.Errorf("Expected nothing written (the server writes SERVFAIL), got %v", rec.Msg)
-	}
+		rec, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
+		if rcode != dns.RcodeServerFailure || !errors.Is(err, dot.ErrUnavailable) {
+			t.Errorf("Expected SERVFAIL and the pools' ErrUnavailable, got rcode %d, error %v", rcode, err)
+		}
+		if rec.Msg != nil {
+			t.Errorf("Expected nothing written (the server writes SERVFAIL), got %v", rec.Msg)
+		}
 
-	// Both are down: each query tries the one that failed least recently, and fails.
-	broken := metricValue(t, healthcheckBroken)
-	if rcode, _, err := serveRcode(f); rcode != dns.RcodeServerFailure || err == nil {
-		t.Errorf("Expected SERVFAIL with every upstream down, got rcode %d, error %v", rcode, err)
-	}
-	if got := metricValue(t, healthcheckBroken); got != broken+1 {
-		t.Errorf("Expected healthcheck_broken_total to grow by 1, got %v → %v", broken, got)
-	}
+		// Both are down: each query tries the one that failed least recently, and fails.
+		broken := metricValue(t, healthcheckBroken)
+		if rcode, _, err := serveRcode(f); rcode != dns.RcodeServerFailure || err == nil {
+			t.Errorf("Expected SERVFAIL with every upstream down, got rcode %d, error %v", rcode, err)
+		}
+		if got := metricValue(t, healthcheckBroken); got != broken+1 {
+			t.Errorf("Expected healthcheck_broken_total to grow by 1, got %v → %v", broken, got)
+		}
+	})
 }
 
 func TestServeDNSFailfast(t *testing.T) {
-	cert := testCert(t)
-	f := newForward(t, cert, "failfast_all_unhealthy_upstreams\nhealth_check 100ms", deadAddr(t, cert))
-	waitFor(t, "the first round of probes", f.Ready)
-	if rcode, _, err := serveRcode(f); rcode != dns.RcodeServerFailure || !errors.Is(err, ErrNoHealthy) {
-		t.Errorf("Expected SERVFAIL with ErrNoHealthy once every upstream is down, got rcode %d, error %v", rcode, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		f := newPipeForward(t, cert, "failfast_all_unhealthy_upstreams\nhealth_check 100ms", deadPipe(t, cert))
+		waitFor(t, "the first round of probes", f.Ready)
+		if rcode, _, err := serveRcode(f); rcode != dns.RcodeServerFailure || !errors.Is(err, ErrNoHealthy) {
+			t.Errorf("Expected SERVFAIL with ErrNoHealthy once every upstream is down, got rcode %d, error %v", rcode, err)
+		}
+	})
 }
 
 func serveRcode(f *DoTForward) (int, *dns.Msg, error) {
@@ -187,81 +196,87 @@ func serveRcode(f *DoTForward) (int, *dns.Msg, error) {
 }
 
 func TestServeDNSMaxConcurrent(t *testing.T) {
-	cert := testCert(t)
-	release := make(chan struct{})
-	s := startServer(t, cert, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
-		if q.Question[0].Name == "slow.example.org." {
-			<-release
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		release := make(chan struct{})
+		s := startPipe(t, cert, dottest.Options{Handler: func(q *dns.Msg) *dns.Msg {
+			if q.Question[0].Name == "slow.example.org." {
+				<-release
+			}
+			return dottest.DefaultAnswer(q)
+		}})
+		defer close(release)
+		f := newPipeForward(t, cert, "max_concurrent 1", s)
+
+		done := make(chan int, 1)
+		go func() {
+			_, rcode, _ := serve(f, newMsg("slow.example.org.", dns.TypeA))
+			done <- rcode
+		}()
+		waitFor(t, "the slow query upstream", func() bool { return s.Queries() == 1 })
+
+		rejects := metricValue(t, maxConcurrentRejects)
+		_, rcode, err := serve(f, newMsg("fast.example.org.", dns.TypeA))
+		if rcode != dns.RcodeRefused || !errors.Is(err, ErrLimitExceeded) {
+			t.Errorf("Expected REFUSED and ErrLimitExceeded beyond max_concurrent, got rcode %d, error %v", rcode, err)
 		}
-		return dottest.DefaultAnswer(q)
-	}})
-	defer close(release)
-	f := newForward(t, cert, "max_concurrent 1", s.Addr)
-
-	done := make(chan int, 1)
-	go func() {
-		_, rcode, _ := serve(f, newMsg("slow.example.org.", dns.TypeA))
-		done <- rcode
-	}()
-	waitFor(t, "the slow query upstream", func() bool { return s.Queries() == 1 })
-
-	rejects := metricValue(t, maxConcurrentRejects)
-	_, rcode, err := serve(f, newMsg("fast.example.org.", dns.TypeA))
-	if rcode != dns.RcodeRefused || !errors.Is(err, ErrLimitExceeded) {
-		t.Errorf("Expected REFUSED and ErrLimitExceeded beyond max_concurrent, got rcode %d, error %v", rcode, err)
-	}
-	if got := metricValue(t, maxConcurrentRejects); got != rejects+1 {
-		t.Errorf("Expected max_concurrent_rejects_total to grow by 1, got %v → %v", rejects, got)
-	}
-	release <- struct{}{}
-	if rcode := <-done; rcode != dns.RcodeSuccess {
-		t.Errorf("Expected the slow query answered, got rcode %d", rcode)
-	}
-	if _, rcode, err := serve(f, newMsg("fast.example.org.", dns.TypeA)); rcode != dns.RcodeSuccess {
-		t.Errorf("Expected a query to pass once the slot is free, got rcode %d, error %v", rcode, err)
-	}
+		if got := metricValue(t, maxConcurrentRejects); got != rejects+1 {
+			t.Errorf("Expected max_concurrent_rejects_total to grow by 1, got %v → %v", rejects, got)
+		}
+		release <- struct{}{}
+		if rcode := <-done; rcode != dns.RcodeSuccess {
+			t.Errorf("Expected the slow query answered, got rcode %d", rcode)
+		}
+		if _, rcode, err := serve(f, newMsg("fast.example.org.", dns.TypeA)); rcode != dns.RcodeSuccess {
+			t.Errorf("Expected a query to pass once the slot is free, got rcode %d, error %v", rcode, err)
+		}
+	})
 }
 
 func TestServeDNSCancel(t *testing.T) {
-	cert := testCert(t)
-	s := startServer(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	f := newForward(t, cert, "read_timeout 1m\ntimeout 1m", s.Addr)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		s := startPipe(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		f := newPipeForward(t, cert, "read_timeout 1m\ntimeout 1m", s)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	type result struct {
-		rcode int
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		_, rcode, err := serveCtx(ctx, f, newMsg("example.org.", dns.TypeA))
-		done <- result{rcode, err}
-	}()
-	waitFor(t, "the query upstream", func() bool { return s.Queries() == 1 })
-	cancel()
-	// The read timeout and the deadline are a minute away: only the
-	// cancellation can end the query before this bound.
-	select {
-	case r := <-done:
-		if r.rcode != dns.RcodeServerFailure || !errors.Is(r.err, context.Canceled) {
-			t.Errorf("Expected SERVFAIL with context.Canceled, got rcode %d, error %v", r.rcode, r.err)
+		ctx, cancel := context.WithCancel(context.Background())
+		type result struct {
+			rcode int
+			err   error
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Expected ServeDNS to return after cancellation")
-	}
+		done := make(chan result, 1)
+		go func() {
+			_, rcode, err := serveCtx(ctx, f, newMsg("example.org.", dns.TypeA))
+			done <- result{rcode, err}
+		}()
+		waitFor(t, "the query upstream", func() bool { return s.Queries() == 1 })
+		cancel()
+		// The read timeout and the deadline are a minute away: only the
+		// cancellation can end the query before this bound.
+		select {
+		case r := <-done:
+			if r.rcode != dns.RcodeServerFailure || !errors.Is(r.err, context.Canceled) {
+				t.Errorf("Expected SERVFAIL with context.Canceled, got rcode %d, error %v", r.rcode, r.err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Expected ServeDNS to return after cancellation")
+		}
+	})
 }
 
 func TestServeDNSDeadline(t *testing.T) {
-	cert := testCert(t)
-	s := startServer(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	f := newForward(t, cert, "read_timeout 1m\ntimeout 300ms", s.Addr)
-	_, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
-	if rcode != dns.RcodeServerFailure || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Expected SERVFAIL at the overall deadline, got rcode %d, error %v", rcode, err)
-	}
-	if f.upstreams[0].health.fails.Load() != 0 {
-		t.Errorf("Expected our own deadline not to count against the upstream")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		s := startPipe(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		f := newPipeForward(t, cert, "read_timeout 1m\ntimeout 300ms", s)
+		_, rcode, err := serve(f, newMsg("example.org.", dns.TypeA))
+		if rcode != dns.RcodeServerFailure || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Expected SERVFAIL at the overall deadline, got rcode %d, error %v", rcode, err)
+		}
+		if f.upstreams[0].health.fails.Load() != 0 {
+			t.Errorf("Expected our own deadline not to count against the upstream")
+		}
+	})
 }
 
 func TestServeDNSMatch(t *testing.T) {
@@ -342,26 +357,28 @@ func TestServeDNSBeforeStartup(t *testing.T) {
 }
 
 func TestShutdownDuringQuery(t *testing.T) {
-	cert := testCert(t)
-	s := startServer(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
-	f := newForward(t, cert, "read_timeout 1m\ntimeout 1m", s.Addr)
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := serve(f, newMsg("example.org.", dns.TypeA))
-		done <- err
-	}()
-	waitFor(t, "the query upstream", func() bool { return s.Queries() == 1 })
-	if err := f.OnShutdown(); err != nil {
-		t.Errorf("Shutting down: %v", err)
-	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, dot.ErrPoolClosed) {
-			t.Errorf("Expected the in-flight query to fail with ErrPoolClosed, got %v", err)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		s := startPipe(t, cert, dottest.Options{Drop: func(dns.Question) bool { return true }})
+		f := newPipeForward(t, cert, "read_timeout 1m\ntimeout 1m", s)
+		done := make(chan error, 1)
+		go func() {
+			_, _, err := serve(f, newMsg("example.org.", dns.TypeA))
+			done <- err
+		}()
+		waitFor(t, "the query upstream", func() bool { return s.Queries() == 1 })
+		if err := f.OnShutdown(); err != nil {
+			t.Errorf("Shutting down: %v", err)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Expected the in-flight query to end when the pool closed")
-	}
+		select {
+		case err := <-done:
+			if !errors.Is(err, dot.ErrPoolClosed) {
+				t.Errorf("Expected the in-flight query to fail with ErrPoolClosed, got %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Expected the in-flight query to end when the pool closed")
+		}
+	})
 }
 
 func TestErrorRcode(t *testing.T) {

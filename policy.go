@@ -114,6 +114,6 @@ type scored struct {
 
 // score is the expected wait in ns: answer time times the queue ahead, plus one.
 func score(u *upstream) float64 {
-	rtt := max(u.rtt.Load(), int64(time.Microsecond))
-	return float64(rtt) * float64(u.inflight.Load()+1)
+	mean := max(u.answers.mean.Load(), int64(time.Microsecond))
+	return float64(mean) * float64(u.pending.Load()+1)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coredns/coredns/plugin/pkg/dnstest"
@@ -95,24 +96,24 @@ func TestRandom(t *testing.T) {
 func TestLatency(t *testing.T) {
 	ms := func(n int) int64 { return int64(time.Duration(n) * time.Millisecond) }
 	tests := []struct {
-		name     string
-		rtt      []int64
-		inflight []int64
-		explore  int // -1: no exploration; else the index pick returns
-		want     string
+		name    string
+		mean    []int64
+		pending []int64
+		explore int // -1: no exploration; else the index pick returns
+		want    string
 	}{
-		{name: "fastest first", rtt: []int64{ms(30), ms(10), ms(20)}, inflight: []int64{0, 0, 0}, explore: -1, want: "2 3 1 "},
-		{name: "queue counts", rtt: []int64{ms(30), ms(10), ms(20)}, inflight: []int64{0, 4, 0}, explore: -1, want: "3 1 2 "},
-		{name: "unmeasured first", rtt: []int64{ms(5), 0, ms(1)}, inflight: []int64{0, 0, 0}, explore: -1, want: "2 3 1 "},
-		{name: "unmeasured spread by queue", rtt: []int64{0, 0, ms(1)}, inflight: []int64{3, 0, 0}, explore: -1, want: "2 1 3 "},
-		{name: "exploration puts a slower one first", rtt: []int64{ms(30), ms(10), ms(20)}, inflight: []int64{0, 0, 0}, explore: 1, want: "1 3 2 "},
+		{name: "fastest first", mean: []int64{ms(30), ms(10), ms(20)}, pending: []int64{0, 0, 0}, explore: -1, want: "2 3 1 "},
+		{name: "queue counts", mean: []int64{ms(30), ms(10), ms(20)}, pending: []int64{0, 4, 0}, explore: -1, want: "3 1 2 "},
+		{name: "unmeasured first", mean: []int64{ms(5), 0, ms(1)}, pending: []int64{0, 0, 0}, explore: -1, want: "2 3 1 "},
+		{name: "unmeasured spread by queue", mean: []int64{0, 0, ms(1)}, pending: []int64{3, 0, 0}, explore: -1, want: "2 1 3 "},
+		{name: "exploration puts a slower one first", mean: []int64{ms(30), ms(10), ms(20)}, pending: []int64{0, 0, 0}, explore: 1, want: "1 3 2 "},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ups := testUpstreams(3)
 			for i, u := range ups {
-				u.rtt.Store(tc.rtt[i])
-				u.inflight.Store(tc.inflight[i])
+				u.answers.mean.Store(tc.mean[i])
+				u.pending.Store(tc.pending[i])
 			}
 			p := newLatency()
 			p.explore = func() bool { return tc.explore >= 0 }
@@ -134,7 +135,7 @@ func TestLatency(t *testing.T) {
 func TestLatencyExploresRarely(t *testing.T) {
 	ups := testUpstreams(3)
 	for i, u := range ups {
-		u.rtt.Store(int64(time.Duration(i+1) * time.Millisecond))
+		u.answers.mean.Store(int64(time.Duration(i+1) * time.Millisecond))
 	}
 	p := newLatency()
 	first := 0
@@ -156,48 +157,50 @@ func TestLatencyExploresRarely(t *testing.T) {
 
 func TestLatencyEstimate(t *testing.T) {
 	u := testUpstreams(1)[0]
-	u.observeRTT(100 * time.Millisecond)
-	if got := time.Duration(u.rtt.Load()); got != 100*time.Millisecond {
+	u.answers.addMean(100 * time.Millisecond)
+	if got := time.Duration(u.answers.mean.Load()); got != 100*time.Millisecond {
 		t.Errorf("Expected the first sample as the estimate, got %s", got)
 	}
-	u.observeRTT(20 * time.Millisecond)
-	if got := time.Duration(u.rtt.Load()); got != 80*time.Millisecond {
+	u.answers.addMean(20 * time.Millisecond)
+	if got := time.Duration(u.answers.mean.Load()); got != 80*time.Millisecond {
 		t.Errorf("Expected the estimate to move a quarter of the way to 20ms, got %s", got)
 	}
 	// A failure weighs like a read timeout, however fast it came.
-	u.failed(fmt.Errorf("wrapped: %w", dot.ErrConnLost), time.Millisecond)
-	if got, want := time.Duration(u.rtt.Load()), 80*time.Millisecond+(dot.DefaultReadTimeout-80*time.Millisecond)/4; got != want {
+	u.answers.missed(fmt.Errorf("wrapped: %w", dot.ErrConnLost), time.Millisecond)
+	if got, want := time.Duration(u.answers.mean.Load()), 80*time.Millisecond+(dot.DefaultReadTimeout-80*time.Millisecond)/4; got != want {
 		t.Errorf("Expected a failure to count as a read timeout (%s), got %s", want, got)
 	}
 	// The client's own deadline says nothing about the upstream.
-	before := u.rtt.Load()
-	u.failed(errors.Join(dot.ErrTimeout, context.DeadlineExceeded), time.Second)
-	if u.rtt.Load() != before || u.health.fails.Load() != 0 {
-		t.Errorf("Expected a caller deadline not to count, got rtt %s and %d fails", time.Duration(u.rtt.Load()), u.health.fails.Load())
+	before := u.answers.mean.Load()
+	u.answers.missed(errors.Join(dot.ErrTimeout, context.DeadlineExceeded), time.Second)
+	if u.answers.mean.Load() != before || u.health.fails.Load() != 0 {
+		t.Errorf("Expected a caller deadline not to count, got mean %s and %d fails", time.Duration(u.answers.mean.Load()), u.health.fails.Load())
 	}
 }
 
 // TestLatencyPolicyPrefersFasterUpstream sends sequential queries to a slow and a
 // fast upstream: once both are measured, the fast one takes nearly all of them.
 func TestLatencyPolicyPrefersFasterUpstream(t *testing.T) {
-	cert := testCert(t)
-	slow := startServer(t, cert, dottest.Options{Delay: func(dns.Question) time.Duration { return 30 * time.Millisecond }})
-	fast := startServer(t, cert, dottest.Options{})
-	f := newForward(t, cert, "policy latency", slow.Addr, fast.Addr)
-	const n = 200
-	for i := range n {
-		if _, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA)); rcode != dns.RcodeSuccess {
-			t.Fatalf("Query %d: expected an answer, got rcode %d, error %v", i, rcode, err)
+	synctest.Test(t, func(t *testing.T) {
+		cert := testCert(t)
+		slow := startPipe(t, cert, dottest.Options{Delay: func(dns.Question) time.Duration { return 30 * time.Millisecond }})
+		fast := startPipe(t, cert, dottest.Options{})
+		f := newPipeForward(t, cert, "policy latency", slow, fast)
+		const n = 200
+		for i := range n {
+			if _, rcode, err := serve(f, newMsg(fmt.Sprintf("q%d.example.org.", i), dns.TypeA)); rcode != dns.RcodeSuccess {
+				t.Fatalf("Query %d: expected an answer, got rcode %d, error %v", i, rcode, err)
+			}
 		}
-	}
-	// Expected: the slow one once or twice while unmeasured, then one query in 20
-	// exploring (about 10); the bound leaves room for a loaded machine.
-	if got := fast.Queries(); got < n*3/4 {
-		t.Errorf("Expected the fast upstream to take most of %d queries, got %d (slow: %d)", n, got, slow.Queries())
-	}
-	if slow.Queries() == 0 {
-		t.Errorf("Expected exploration to send some queries to the slow upstream")
-	}
+		// Expected: the slow one once or twice while unmeasured, then one query in 20
+		// exploring (about 10); the bound leaves room for a loaded machine.
+		if got := fast.Queries(); got < n*3/4 {
+			t.Errorf("Expected the fast upstream to take most of %d queries, got %d (slow: %d)", n, got, slow.Queries())
+		}
+		if slow.Queries() == 0 {
+			t.Errorf("Expected exploration to send some queries to the slow upstream")
+		}
+	})
 }
 
 func isPermutation(got, ups []*upstream) bool {

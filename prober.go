@@ -33,7 +33,7 @@ func (p *prober) run() {
 	defer close(p.done)
 	// An upstream that fails its very first probe starts down, so that it is
 	// skipped from the first client query on rather than after max_fails of them.
-	if err := p.probe(); err != nil {
+	if err := p.probe(); err != nil && !isNoFiles(err) {
 		p.u.health.setDown(err)
 	}
 	close(p.first)

@@ -181,23 +181,23 @@ func setupCases(t testing.TB) []setupCase {
 			f := only(t, fs)
 			expect(t, "hedge delay", f.hedge.fixed, 20*time.Millisecond)
 			expect(t, "hedge percent", f.hedge.budget.percent, int64(defaultHedgePercent))
-			expect(t, "estimator", f.upstreams[0].hedgeDelay == nil, true)
+			expect(t, "estimator", f.upstreams[0].answers.hedge == nil, true)
 		}},
 		{name: "hedge auto", input: "dotforward . " + cf + " " + quad9 + " {\nhedge auto\nread_timeout 1s\n}", check: func(t *testing.T, fs []*DoTForward) {
 			f := only(t, fs)
 			expect(t, "hedge delay", f.hedge.fixed, time.Duration(0))
 			expect(t, "hedge percent", f.hedge.budget.percent, int64(5))
 			for _, u := range f.upstreams {
-				expect(t, "auto bounds", [2]time.Duration{u.hedgeDelay.lo, u.hedgeDelay.hi}, [2]time.Duration{hedgeMinDelay, 500 * time.Millisecond})
+				expect(t, "auto bounds", [2]time.Duration{u.answers.hedge.lo, u.answers.hedge.hi}, [2]time.Duration{hedgeMinDelay, 500 * time.Millisecond})
 			}
 		}},
 		{name: "hedge auto with a budget", input: "dotforward . " + cf + " " + quad9 + " {\nhedge auto 10\n}", check: func(t *testing.T, fs []*DoTForward) {
 			f := only(t, fs)
 			expect(t, "hedge percent", f.hedge.budget.percent, int64(10))
-			expect(t, "auto upper bound", f.upstreams[1].hedgeDelay.hi, time.Second) // half the default read_timeout
+			expect(t, "auto upper bound", f.upstreams[1].answers.hedge.hi, time.Second) // half the default read_timeout
 		}},
 		{name: "hedge auto bounded by timeout", input: "dotforward . " + cf + " " + quad9 + " {\nhedge auto\ntimeout 600ms\n}", check: func(t *testing.T, fs []*DoTForward) {
-			expect(t, "auto upper bound", only(t, fs).upstreams[0].hedgeDelay.hi, 300*time.Millisecond)
+			expect(t, "auto upper bound", only(t, fs).upstreams[0].answers.hedge.hi, 300*time.Millisecond)
 		}},
 		{name: "no hedge by default", input: "dotforward . " + cf + " " + quad9, check: func(t *testing.T, fs []*DoTForward) {
 			expect(t, "hedger", only(t, fs).hedge == nil, true)

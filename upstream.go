@@ -2,7 +2,6 @@ package dotforward
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -23,12 +22,10 @@ type upstream struct {
 	addrFunc func() string // addr, for the dotforward/upstream metadata
 	readTO   time.Duration // cfg's ReadTimeout with its default
 
-	pool     atomic.Pointer[dot.Pool]
-	prober   *prober
-	rtt      atomic.Int64 // EWMA of answer time in ns; 0 until the first answer
-	inflight atomic.Int64
-
-	hedgeDelay *hedgeEstimator // hedge auto's delay for queries to it; nil otherwise
+	pool    atomic.Pointer[dot.Pool]
+	prober  *prober
+	answers answerTime   // how fast it answers, for the latency policy and hedge auto
+	pending atomic.Int64 // exchanges begun and not yet returned
 }
 
 // events is the upstream's dot.Observer: every pool event goes to the metrics,
@@ -42,7 +39,11 @@ var _ dot.Observer = events{}
 
 // Dialed implements dot.Observer.
 func (e events) Dialed(took time.Duration, resumed bool, err error) {
-	if err != nil {
+	switch {
+	case isNoFiles(err):
+		// Local, not the upstream's: the prober must not take it as its dial failing.
+		logNoFiles(e.health.addr, err)
+	case err != nil:
 		e.health.failedDials.Add(1)
 	}
 	e.observer.Dialed(took, resumed, err)
@@ -61,6 +62,7 @@ func newUpstream(cfg dot.Config, maxFails int, hc healthCheck) *upstream {
 		hc:     hc,
 		readTO: cfg.WithDefaults().ReadTimeout,
 	}
+	u.answers.readTimeout = u.readTO
 	u.cfg.Observer = events{observer: obs, health: u.health}
 	u.addrFunc = func() string { return u.addr }
 	return u
@@ -77,7 +79,7 @@ func (u *upstream) enableHedging(c *hedgeConfig, timeout time.Duration) {
 		u.obs.hedgeDelay.Set(c.delay.Seconds())
 		return
 	}
-	u.hedgeDelay = newHedgeEstimator(hedgeMinDelay, min(u.readTimeout(), timeout)/2, u.obs.hedgeDelay)
+	u.answers.hedge = newHedgeEstimator(hedgeMinDelay, min(u.readTimeout(), timeout)/2, u.obs.hedgeDelay)
 }
 
 // start creates the pool and starts probing. Calling it on a started upstream
@@ -127,18 +129,18 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 		return nil, ErrNotStarted
 	}
 	u.obs.begin()
-	u.inflight.Add(1)
+	u.pending.Add(1)
 	start := time.Now()
 	var ret *dns.Msg
 	var end time.Time
 	// Deferred, so that a panic in the pool, which CoreDNS recovers per query, does
-	// not leave the query counted in flight for good: the latency policy and the
+	// not leave the query counted as pending for good: the latency policy and the
 	// inflight gauge read that count.
 	defer func() {
 		if end.IsZero() { // panicking
 			end = time.Now()
 		}
-		u.inflight.Add(-1)
+		u.pending.Add(-1)
 		u.obs.end(end.Sub(start), ret)
 	}()
 	ret, err := p.ExchangeDeadline(ctx, r, deadline)
@@ -152,57 +154,18 @@ func (u *upstream) exchange(ctx context.Context, r *dns.Msg, deadline time.Time)
 	return ret, nil
 }
 
-// learn updates health and the latency estimates after an exchange that took
-// took and ended with err; only a failure with time left (timeLeft) counts as
-// one. It is out of line, so that exchange's frame, on the stack all through
-// the pool's work, stays small (see forward).
+// learn updates health and the answer-time model after an exchange that took
+// took and ended with err; timeLeft says the caller's deadline or cancellation
+// did not cut it short. It is out of line, so that exchange's frame, on the
+// stack all through the pool's work, stays small (see forward).
 //
 //go:noinline
 func (u *upstream) learn(took time.Duration, err error, timeLeft bool) {
-	if err != nil {
-		if timeLeft {
-			u.failed(err, took)
-		}
-		if errors.Is(err, dot.ErrTimeout) {
-			u.hedgeDelay.observe(took) // no answer after took: a lower bound of one
-		}
-		return
+	if err == nil {
+		u.health.answered()
 	}
-	u.health.answered()
-	u.observeRTT(took)
-	u.hedgeDelay.observe(took)
-}
-
-// failed records a failed exchange for the latency estimate. Health is not
-// touched: the pool reports the failures that are the upstream's own through
-// dot.Observer.Failed, and a slow or lost query on a live connection is not one.
-// The client's deadline or cancellation and a query the pool refused say nothing
-// about the upstream.
-func (u *upstream) failed(err error, took time.Duration) {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dot.ErrBadQuery) {
-		return
-	}
-	// A failure weighs as much as a read timeout in the latency estimate, so that
-	// the latency policy moves away from an upstream that fails fast.
-	u.observeRTT(max(took, u.readTimeout()))
+	u.answers.exchanged(took, err, timeLeft)
 }
 
 // readTimeout is the pool's read timeout, its default applied.
 func (u *upstream) readTimeout() time.Duration { return u.readTO }
-
-// ewmaWeight is the weight of a new sample in the answer-time average: about the
-// last eight answers count.
-const ewmaWeight = 0.25
-
-func (u *upstream) observeRTT(took time.Duration) {
-	for {
-		old := u.rtt.Load()
-		next := int64(took)
-		if old != 0 {
-			next = old + int64(ewmaWeight*float64(int64(took)-old))
-		}
-		if u.rtt.CompareAndSwap(old, next) {
-			return
-		}
-	}
-}

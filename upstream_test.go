@@ -9,7 +9,7 @@ import (
 )
 
 // A panic in the pool, which CoreDNS recovers per query, must not leave the query
-// counted in flight: the latency policy and the inflight gauge read that count.
+// counted as pending: the latency policy and the inflight gauge read that count.
 // A nil message, a caller's bug that CoreDNS never makes, is the one input left
 // that makes the pool panic (hostile records are refused as errors).
 func TestExchangePanicLeavesNothingInFlight(t *testing.T) {
@@ -26,8 +26,8 @@ func TestExchangePanicLeavesNothingInFlight(t *testing.T) {
 		}()
 		u.exchange(context.Background(), nil, time.Now().Add(time.Second))
 	}()
-	if n := u.inflight.Load(); n != 0 {
-		t.Errorf("Expected no query in flight after the panic, got %d", n)
+	if n := u.pending.Load(); n != 0 {
+		t.Errorf("Expected no query pending after the panic, got %d", n)
 	}
 	if g := metricValue(t, inflight.WithLabelValues(s.Addr)); g != 0 {
 		t.Errorf("Expected the inflight gauge 0 after the panic, got %v", g)

@@ -18,7 +18,8 @@
 #   BENCH_BASE_COREDNS=""  a second CoreDNS build with dotforward (for example an older
 #     commit's make build): adds mode dotforward-base, the same Corefile on that binary,
 #     so a change is measured against its base in one run; BENCH_BASE_LABEL names it
-#   BENCH_PHASES="throughput latency churn regimes hedge cluster profile micro"
+#   BENCH_PHASES="throughput latency churn mission regimes hedge fdlimit cluster profile micro"
+#   BENCH_FDLIMIT_NOFILE=40 BENCH_FDLIMIT_QPS=1000 BENCH_FDLIMIT_SECONDS=8 BENCH_FDLIMIT_RUNS=5  (bench/phase_fdlimit.sh)
 #   The cluster phase (issue 22, bench/phase_cluster.sh, make bench-cluster): the shipped cluster DNS Corefile on a real
 #     API server under an 80/20 mix of cluster and outside names; its knobs are in that file
 #   BENCH_LATENCY_QPS=""    the latency phase's offered rate; default half of forward UDP's
@@ -28,7 +29,8 @@
 #   BENCH_CHURN_MODES="dotforward fwd-tls"  BENCH_PROFILE_MODES="dotforward"
 #   BENCH_UNBOUND_THREADS=1 threads of the Unbound forwarder under test
 #   BENCH_BLACKHOLE_QPS=10000 BENCH_BLACKHOLE_SECONDS=30   the opt-in blackhole phase
-#   BENCH_REGIMES="coredns-erratic dnsdist-slow cut-slowtail unbound churn"
+#   BENCH_REGIMES="coredns-erratic dnsdist-slow cut-slowtail unbound churn inorder-distant slow-pipelining"
+#   BENCH_REGIME_RUNS=1      runs of each regime in a row (make bench-regimes: 5), each judged in regimes.md
 #   BENCH_REGIME_SECONDS=10 BENCH_REGIME_WARMUP=2 BENCH_REGIME_CLIENTS=10 BENCH_REGIME_INFLIGHT=100
 #   BENCH_DOTFORWARD_OPTS=""  extra lines for dotforward's block in the regimes (";" or newline between options)
 #   BENCH_REGIMES_LABEL=""    a line at the top of regimes.md saying what the run is
@@ -55,8 +57,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
-# shellcheck source=bench/phase_cluster.sh
-. bench/phase_cluster.sh
+for phase_file in bench/phase_*.sh; do . "$phase_file"; done # phases and regimes kept in files of their own
 
 BENCH_SECONDS=${BENCH_SECONDS:-8}
 BENCH_ROUNDS=${BENCH_ROUNDS:-3}
@@ -69,14 +70,14 @@ BASE_LABEL=${BENCH_BASE_LABEL:-$BASE_COREDNS}
 if [ -n "$BASE_COREDNS" ] && [[ " $BENCH_MODES " != *" dotforward-base "* ]]; then
 	BENCH_MODES="$BENCH_MODES dotforward-base"
 fi
-BENCH_PHASES=${BENCH_PHASES:-throughput latency churn regimes hedge cluster profile micro}
+BENCH_PHASES=${BENCH_PHASES:-throughput latency churn mission regimes hedge fdlimit cluster profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
 BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
 BENCH_BLACKHOLE_QPS=${BENCH_BLACKHOLE_QPS:-10000}
 BENCH_BLACKHOLE_SECONDS=${BENCH_BLACKHOLE_SECONDS:-30}
 BENCH_NAMES=${BENCH_NAMES:-100000}
-BENCH_REGIMES=${BENCH_REGIMES:-coredns-erratic dnsdist-slow cut-slowtail unbound churn}
+BENCH_REGIMES=${BENCH_REGIMES:-coredns-erratic dnsdist-slow cut-slowtail unbound churn inorder-distant slow-pipelining}
 BENCH_REGIME_SECONDS=${BENCH_REGIME_SECONDS:-10}
 BENCH_REGIME_WARMUP=${BENCH_REGIME_WARMUP:-2}
 BENCH_REGIME_CLIENTS=${BENCH_REGIME_CLIENTS:-10}
@@ -245,7 +246,7 @@ start_front() {
 dnsperf_run() {
 	local out=$1 secs=$2
 	shift 2
-	timeout $((secs + 30)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "$WORK/queries.txt" \
+	timeout $((secs + 30)) dnsperf -s 127.0.0.1 -p "$FRONT_QPORT" -d "${DNSPERF_QUERIES:-$WORK/queries.txt}" \
 		-c "$BENCH_CLIENTS" -q "$BENCH_INFLIGHT" -l "$secs" "$@" >"$out" 2>&1 &
 	DNSPERF_PID=$!
 	PIDS+=("$DNSPERF_PID")
@@ -280,7 +281,7 @@ measure() {
 
 	local tag="$kind-$mode-n$close_after-r$round"
 	# A short query timeout for the warm-up: it should not wait 5 s for a lost query.
-	dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 "$@"
+	DNSPERF_QUERIES=${WARMUP_QUERIES:-} dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 "$@"
 	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during warm-up"
 
@@ -300,7 +301,8 @@ measure() {
 			rep0=$(metric_sum coredns_dotforward_replays_total)
 		fi
 	fi
-	local c0 c1 drops0 sr0 sw0 sr1 sw1
+	local c0 c1 drops0 sr0 sw0 sr1 sw1 hook0
+	hook0=$(measure_begin "$kind" "$mode") # phase_mission.sh: the cache's counters
 	drops0=$(udp_rcvbuf_errors)
 	read -r sr0 sw0 < <(io_syscalls "$FRONT_PID")
 	local upc0 upc1 uppid=$UPSTREAM_PID
@@ -322,6 +324,8 @@ measure() {
 	upc1=$(cpu_ticks "$uppid")
 	read -r sr1 sw1 < <(io_syscalls "$FRONT_PID")
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during the run"
+	# shellcheck disable=SC2046,SC2086 # words: -kv name=value pairs
+	kv+=($(measure_end "$kind" "$mode" $hook0))
 
 	local up1 upq fq=0 fh=0
 	up1=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
@@ -580,15 +584,15 @@ regime_upstream() {
 " \`make bench\` with both modes. The target is that the cuts cost dotforward no larger share of its QPS than"\
 " they cost forward."
 		;;
-	*) die "unknown regime $reg (BENCH_REGIMES)" ;;
+	*) regime_upstream_more "$reg" || die "unknown regime $reg (BENCH_REGIMES)" ;;
 	esac
 }
 
-# regime_run REGIME MODE CUT QPS: one measured run of MODE (fwd-tls or dotforward)
+# regime_run REGIME MODE CUT QPS [ROUND]: one measured run of MODE (fwd-tls or dotforward)
 # in front of REGIME's upstream, offered QPS queries/s (0: full speed), appended to
 # regimes.jsonl. The upstream and the front start afresh for every run.
 regime_run() {
-	local reg=$1 mode=$2 cut=$3 qps=$4
+	local reg=$1 mode=$2 cut=$3 qps=$4 round=${5:-1}
 	regime_upstream "$reg" "$cut"
 	METRICS_LINE=""
 	start_front "regime-$mode"
@@ -606,7 +610,7 @@ regime_run() {
 		args=(-d "$qfile")
 		load="-c $BENCH_CLIENTS -q $BENCH_INFLIGHT -l $BENCH_REGIME_SECONDS"
 	fi
-	local tag="regime-$reg-$mode-n$cut"
+	local tag="regime-$reg-$mode-n$cut-r$round"
 	dnsperf_run "$WORK/$tag.warmup" "$BENCH_REGIME_WARMUP" -t 1 "${args[@]}"
 	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during the warm-up of $reg"
@@ -645,7 +649,7 @@ regime_run() {
 		m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m, v[NR] }')
 
 	"$WORK/benchtool" parse -in "$WORK/$tag.out" "${split[@]}" -kv kind=regime -kvs "regime=$reg" -kvs "mode=$mode" \
-		-kv round=1 -kv "close_after=$cut" -kv "offered_qps=$qps" -kvs "setup=$REG_SETUP" -kvs "load=$load" \
+		-kv "round=$round" -kv "close_after=$cut" -kv "offered_qps=$qps" -kvs "setup=$REG_SETUP" -kvs "load=$load" \
 		-kv "cpu_ticks=$((c1 - c0))" -kv "clk_tck=$CLK_TCK" -kv "rss_kb=$(rss_peak_kb "$FRONT_PID")" \
 		-kv "conns_median=$cmed" -kv "conns_max=$cmax" -kvs "conn_samples=${samples[*]}" \
 		-kv "dials=$dials" -kv "upstream_handshakes=$hs" -kv "replays=$rep" -kv "timeouts=$to" \
@@ -664,20 +668,20 @@ regime_run() {
 # phase_regimes runs forward tls:// and dotforward side by side in each of
 # BENCH_REGIMES (issue 14) and writes bench/results/regimes.{md,json,svg}.
 phase_regimes() {
-	local t0=$SECONDS i=0 reg m n load0
+	local t0=$SECONDS i=0 reg m n r load0
 	load0=$(cut -d' ' -f1-3 /proc/loadavg)
 	: >"$WORK/regimes.jsonl"
 	make_slow_queries
 	for reg in $BENCH_REGIMES; do
 		i=$((i + 1))
-		log "regime $reg"
-		for m in $(rotated "$i" fwd-tls dotforward); do
-			case $reg in
-			coredns-erratic | dnsdist-slow) regime_run "$reg" "$m" 0 2000 ;;
-			cut-slowtail | unbound) regime_run "$reg" "$m" 0 3000 ;;
-			churn) for n in "$BENCH_CHURN_AFTER" 0; do regime_run churn "$m" "$n" 0; done ;;
-			*) die "unknown regime $reg (BENCH_REGIMES)" ;;
-			esac
+		for ((r = 1; r <= BENCH_REGIME_RUNS; r++)); do # the runs of a regime in a row, modes alternating
+			log "regime $reg, run $r of $BENCH_REGIME_RUNS"
+			for m in $(rotated "$((i + r))" fwd-tls dotforward); do
+				case $reg in
+				churn) for n in "$BENCH_CHURN_AFTER" 0; do regime_run churn "$m" "$n" 0 "$r"; done ;;
+				*) regime_run "$reg" "$m" 0 "$(regime_offered "$reg")" "$r" ;;
+				esac
+			done
 		done
 	done
 	local took=$((SECONDS - t0))
@@ -685,6 +689,7 @@ phase_regimes() {
 		cat "$WORK/machine.env"
 		echo "dnsdist=$DNSDIST_VERSION"
 		echo "regime_seconds=$BENCH_REGIME_SECONDS"
+		echo "regime_runs=$BENCH_REGIME_RUNS"
 		echo "dotforward_opts=$(printf '%s' "$DOTFORWARD_OPTS" | tr -s '\n\t' ';' | sed 's/;/; /g')"
 		echo "regimes_seconds_total=$took"
 		echo "loadavg_start=$load0"
@@ -840,6 +845,7 @@ main() {
 	has_phase throughput && phase_throughput
 	has_phase latency && phase_latency
 	has_phase churn && phase_churn
+	has_phase mission && phase_mission
 	has_phase regimes && phase_regimes
 	has_phase hedge && phase_hedge
 	has_phase cluster && phase_cluster
@@ -848,6 +854,7 @@ main() {
 	: >>"$WORK/micro.txt"
 	has_phase micro && phase_micro
 	has_phase blackhole && phase_blackhole
+	has_phase fdlimit && phase_fdlimit
 
 	local hits
 	hits=$(unbound_counter "$WORK/upstream.conf" total.num.queries)

@@ -22,8 +22,13 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The image both workloads run; deploy/README.md tells how to replace it.
-const image = "dotforward/coredns:dev"
+// imageRef is the image both workloads run: IMAGE_NAME:IMAGE_TAG of image.env,
+// the name `make image` gives it. deploy/README.md tells how to replace it.
+func imageRef(t *testing.T) string {
+	t.Helper()
+	r := readRecipe(t)
+	return r.get(t, "IMAGE_NAME") + ":" + r.get(t, "IMAGE_TAG")
+}
 
 // manifests is the set of objects of one kustomization directory.
 type manifests struct {
@@ -293,8 +298,8 @@ func (m *manifests) checkCommon(t *testing.T) {
 		}
 	}
 	c := coreDNSContainer(t, spec)
-	if c.Image != image {
-		t.Errorf("Expected image %s, got %s", image, c.Image)
+	if image := imageRef(t); c.Image != image {
+		t.Errorf("Expected image %s (image.env's IMAGE_NAME:IMAGE_TAG, as make image tags it), got %s", image, c.Image)
 	}
 	if !slices.Equal(c.Args, []string{"-conf", "/etc/coredns/Corefile"}) {
 		t.Errorf("Expected args -conf /etc/coredns/Corefile, got %v", c.Args)

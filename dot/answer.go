@@ -2,6 +2,7 @@ package dot
 
 import (
 	"encoding/binary"
+	"net"
 
 	"github.com/miekg/dns"
 )
@@ -96,6 +97,7 @@ func finishAnswerFor(q, asked *query, frame []byte) (*dns.Msg, int, error) {
 	r.Question = a.question[:]
 	r.Id = q.origID
 	u := unpacker{
+		room:      a,
 		msg:       frame,
 		off:       12,
 		name:      q.name,
@@ -116,15 +118,25 @@ func finishAnswerFor(q, asked *query, frame []byte) (*dns.Msg, int, error) {
 }
 
 // answerMsg holds an answer, its one question and, when they are few, its records
-// in one allocation.
+// in one allocation: the sections' slices, and the first address records
+// themselves with their addresses (see unpacker.address).
 type answerMsg struct {
 	msg      dns.Msg
 	question [1]dns.Question
 	rrs      [4]dns.RR
+
+	a         [2]dns.A
+	ip4       [2][net.IPv4len]byte
+	aaaa      [2]dns.AAAA
+	ip6       [2][net.IPv6len]byte
+	nA, nAAAA int // the records of a and aaaa in use
+	opt       dns.OPT
+	optUsed   bool
 }
 
 // unpacker walks the records of an answer after its question.
 type unpacker struct {
+	room      *answerMsg // the answer's allocation, with room for address records
 	msg       []byte
 	off       int
 	name      string // the caller's QNAME
@@ -220,9 +232,40 @@ func (u *unpacker) record(additional bool) (dns.RR, error) {
 		h.Rdlength = uint16(n)
 		end = rd + n
 	}
+	if rr := u.inRoom(h, m[rd:end]); rr != nil {
+		return rr, nil
+	}
 	// Like dns.UnpackRR, the rdata cannot be read past its end.
 	rr, _, err := dns.UnpackRRWithHeader(h, m[:end], rd)
 	return rr, err
+}
+
+// inRoom returns an A or AAAA record, or an OPT without options, built in the
+// answer's own allocation while it has room, or nil: the record miekg/dns would
+// unpack (an address a slice of its own, RDLENGTH exactly the address's),
+// without the allocations it makes for one (the record, the address, and the
+// header that escapes in dns.UnpackRRWithHeader).
+func (u *unpacker) inRoom(h dns.RR_Header, rdata []byte) dns.RR {
+	a := u.room
+	switch {
+	case h.Rrtype == dns.TypeOPT && len(rdata) == 0 && !a.optUsed:
+		a.optUsed = true
+		a.opt.Hdr = h
+		return &a.opt
+	case h.Rrtype == dns.TypeA && len(rdata) == net.IPv4len && a.nA < len(a.a):
+		rr, ip := &a.a[a.nA], a.ip4[a.nA][:]
+		a.nA++
+		copy(ip, rdata)
+		rr.Hdr, rr.A = h, ip
+		return rr
+	case h.Rrtype == dns.TypeAAAA && len(rdata) == net.IPv6len && a.nAAAA < len(a.aaaa):
+		rr, ip := &a.aaaa[a.nAAAA], a.ip6[a.nAAAA][:]
+		a.nAAAA++
+		copy(ip, rdata)
+		rr.Hdr, rr.AAAA = h, ip
+		return rr
+	}
+	return nil
 }
 
 // owner returns the owner name at u.off and moves past it. The common owner, a

@@ -1,6 +1,10 @@
 package dot
 
 import (
+	"bytes"
+	"fmt"
+	"net"
+	"reflect"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -75,5 +79,55 @@ func TestFinishAnswerStripsHopByHop(t *testing.T) {
 		case clientEDNS && (opt == nil || len(opt.Option) != 1):
 			t.Errorf("Client with EDNS got OPT %v, want only the EDE option", opt)
 		}
+	}
+}
+
+// Address records and an OPT left without options are built in the answer's own
+// allocation while it has room, and from there on by miekg/dns: either way each
+// record is the one dns.Msg.Unpack gives, with an address of its own.
+func TestFinishAnswerRecordsInRoom(t *testing.T) {
+	m := newQuery("WwW.Example.", dns.TypeA)
+	m.SetEdns0(1232, true)
+	q, err := prepareQuery(m, 128, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := new(dns.Msg)
+	r.SetReply(m)
+	r.Compress = true
+	for i := range 3 { // one more of each than the answer has room for
+		r.Answer = append(r.Answer,
+			&dns.A{Hdr: dns.RR_Header{Name: "WwW.Example.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(192, 0, 2, byte(i+1))},
+			&dns.AAAA{Hdr: dns.RR_Header{Name: "a.example.", Rrtype: dns.TypeAAAA, Class: dns.ClassINET, Ttl: 30}, AAAA: net.ParseIP(fmt.Sprintf("2001:db8::%d", i+1))})
+	}
+	r.SetEdns0(1232, true) // the keepalive and padding go: an OPT without options is left
+	o := r.IsEdns0()
+	o.Option = append(o.Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: 100}, &dns.EDNS0_PADDING{Padding: make([]byte, 40)})
+	wire, err := r.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := finishAnswerPlain(q, bytes.Clone(wire))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ka, err := finishAnswer(q, bytes.Clone(wire))
+	if err != nil || ka != 100 {
+		t.Fatalf("finishAnswer: keepalive %d, %v", ka, err)
+	}
+	if len(got.Answer) != 6 || len(got.Extra) != 1 {
+		t.Fatalf("got %d answers and %d additional records, want 6 and 1:\n%v", len(got.Answer), len(got.Extra), got)
+	}
+	for i := range want.Answer {
+		if !reflect.DeepEqual(got.Answer[i], want.Answer[i]) {
+			t.Errorf("answer %d: %#v, want %#v", i, got.Answer[i], want.Answer[i])
+		}
+	}
+	if g, w := got.Extra[0].(*dns.OPT), want.Extra[0].(*dns.OPT); g.Hdr.Rdlength != 0 || g.Option != nil || g.String() != w.String() {
+		t.Errorf("OPT %#v, want %v without options", g, w)
+	}
+	got.Answer[0].(*dns.A).A[3] = 99 // the addresses are the records' own
+	if a := got.Answer[2].(*dns.A).A; !a.Equal(net.IPv4(192, 0, 2, 2)) {
+		t.Errorf("the second A's address changed with the first's: %v", a)
 	}
 }

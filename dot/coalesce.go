@@ -14,7 +14,7 @@ import (
 	"github.com/miekg/dns"
 )
 
-// Coalescing. While a query's exchange with the upstream is in flight, a query
+// Coalescing. While a query's exchange with the upstream is open (its flight), a query
 // that would get the same answer from the upstream waits for that answer instead
 // of sending its own (a burst of pods asking for one name at its TTL's expiry
 // costs one upstream query, not one each).

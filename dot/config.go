@@ -65,7 +65,7 @@ type Config struct {
 	// NoKeepalive disables sending the RFC 7828 edns-tcp-keepalive option.
 	NoKeepalive bool
 	// NoCoalesce sends every query upstream. By default a query identical to one
-	// whose exchange is in flight (the same upstream wire but for the ID and the
+	// whose flight is open (the same upstream wire but for the ID and the
 	// question name's case) waits for that answer instead, and gets it with its
 	// own ID and question.
 	NoCoalesce bool

@@ -9,14 +9,15 @@
 // carry any load; in order, a query waits for every one before it, so each goes to
 // an idle connection and there are as many as the load needs (sizing.go). A query
 // stuck behind a slow answer is sent once more elsewhere (rescue.go). The package
-// knows nothing of CoreDNS: it takes and returns *dns.Msg.
+// knows nothing of CoreDNS: it takes and returns *dns.Msg. Every number and
+// heuristic named here, and why it is what it is, is in docs/design.md.
 //
 // # Files
 //
 //   - pool.go: the Pool: waiting for a connection, dialing, closing.
 //   - sizing.go: picking a connection for a call as the mode says, how many
 //     connections the load wants, when to dial (the cap, parallel dials, successors).
-//   - rescue.go: blocked connections, rescues and the race of a query's two attempts.
+//   - rescue.go: blocked connections, rescues and the first answer of a query.s two attempts.
 //   - exchange.go: one query's way through the pool: attempts, moves, the replay.
 //   - call.go: a call, one attempt of a query on one connection, and its states.
 //   - conn.go: a connection: its call table, IDs, states (open, draining, closed).
@@ -32,7 +33,8 @@
 //   - query.go: a client's query prepared once for the upstream, and what is refused.
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.
-//   - coalesce.go: identical queries in flight share one exchange (flights).
+//   - coalesce.go: identical queries share one exchange (flights).
+//   - fdlimit.go: a process out of file descriptors: no strike, a cap re-tested.
 //   - backoff.go, tls.go, config.go, observer.go, errors.go.
 //
 // # Words
@@ -53,25 +55,31 @@
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order
 //     (an answer overtook a query written before it), in order (rescues won by
-//     far: the stuck query's first copy came 50 ms or more after the rescue's
-//     answer; or answers queued behind each other come a millisecond or more
-//     apart), or unknown.
+//     far, or answers queued behind each other coming apart: see
+//     docs/design.md for the thresholds), or unknown.
 //   - usual answer time: of a query written on a connection with nothing
-//     outstanding, averaged; it scales the rescue delay.
+//     outstanding, averaged (mode.usual); it scales the rescue delay. The
+//     plugin's answer time, what a client waits, is another quantity
+//     (docs/design.md, "Answer times").
 //   - blocked: a connection that has read nothing for the rescue delay while a
 //     query has waited that long behind an older one; it takes no new query.
 //   - rescue: a query stuck on a blocked connection is sent once more on another
-//     (idle) connection; the first answer wins, the other attempt is given up and
-//     its late answer dropped (reason rescued).
-//   - probe: in order, one query in 256 is put behind a just-written one on
-//     purpose, so that an upstream that starts answering out of order shows it.
+//     (idle) connection; the first answer of the two attempts wins (firstOfTwo),
+//     the other is given up and its late answer dropped (reason rescued). (A
+//     race is the plugin's hedge race.)
+//   - order check: in order, one query in orderCheckEvery is put behind a
+//     just-written one on purpose, so that an upstream that starts answering
+//     out of order shows it. (A probe is the plugin's health probe.)
 //   - near its end: a connection past half the query limit or close to MaxAge;
 //     its successor is dialled then (make before break).
-//   - taking: a connection that takes new queries (not draining, not blocked).
+//   - taking: a connection that takes new queries (not draining, not blocked):
+//     Stats.Taking. The sizing counts the taking ones that are not near their
+//     end (counted against the cap): SizeObserver.Sized's counted, shown as
+//     the conns_taking gauge.
 //   - strike: a failed dial or connection, counted by the reconnect backoff.
 //   - failure: what the Observer's Failed reports: a fault of the upstream itself
 //     (used for health), as opposed to one slow or lost query.
-//   - coalesce: a query identical to one in flight (the same upstream wire but for
+//   - coalesce: a query identical to one whose flight is open (the same upstream wire but for
 //     the ID and the question name's case) waits for that one's answer instead of
 //     going upstream itself; it gets a message of its own built from that answer.
 //   - flight: one query's exchange (its leader's) that identical queries join as

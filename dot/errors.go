@@ -24,6 +24,10 @@ var (
 	// ErrDial means a TCP connect or TLS handshake failed. Authentication failures
 	// (unknown CA, wrong name, expired certificate, pin mismatch) are dial errors.
 	ErrDial = errors.New("dot: dial failed")
+	// ErrNoFiles is wrapped by ErrDial when the dial failed locally because the
+	// process (EMFILE) or the system (ENFILE) is out of file descriptors: not the
+	// upstream's fault, so no strike against it (see fdlimit.go).
+	ErrNoFiles = errors.New("dot: the process is out of file descriptors")
 	// ErrPinMismatch is wrapped by ErrDial when no certificate in the chain matches
 	// a configured SPKI pin.
 	ErrPinMismatch = errors.New("dot: no SPKI pin matched")

@@ -11,7 +11,7 @@ import (
 
 // Exchange sends m upstream and returns the answer with m's ID and question case.
 // m is not modified. The attempt is bounded by ReadTimeout and by ctx. Unless
-// NoCoalesce is set, a query identical to one in flight waits for that one's
+// NoCoalesce is set, a query identical to one whose flight is open waits for that one's
 // answer instead of going upstream (see coalesce.go).
 func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 	return p.ExchangeDeadline(ctx, m, time.Time{})

@@ -244,18 +244,18 @@ func (st *answerStats) add(o answerStats) {
 }
 
 // serveMode is the learned Mode and the evidence behind it. The sweeper owns
-// everything but mode and base, which the hot path reads.
+// everything but mode and usual, which the hot path reads.
 type serveMode struct {
 	mode   atomic.Int32 // a Mode
-	base   atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
+	usual  atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
 	mean   atomic.Int64 // ns: the mean answer time of all queries, smoothed
 	rescue atomic.Bool  // rescues won lately: a hint of in-order before the evidence suffices
 
-	until    int64    // unix ns until which mode holds without new evidence
-	inverted int64    // unix ns of the last answer out of order seen
-	acc      evidence // decayed: each update keeps 7/8 of it (inversions unused)
-	inBase   int64    // ns: base when the mode last became in-order
-	barred   int64    // unix ns until which no evidence makes the upstream in-order (see update)
+	until        int64    // unix ns until which mode holds without new evidence
+	inverted     int64    // unix ns of the last answer out of order seen
+	acc          evidence // decayed: each update keeps 7/8 of it (inversions unused)
+	inOrderUsual int64    // ns: usual when the mode last became in-order
+	barred       int64    // unix ns until which no evidence makes the upstream in-order (see update)
 }
 
 // Thresholds of the mode decision (see serveMode.update).
@@ -298,12 +298,12 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 	}
 	old, next := m.get(), m.get()
 	slowGaps := old != ModeInOrder && a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy
-	base := m.base.Load()
+	usual := m.usual.Load()
 	switch {
 	case e.inversions > 0:
 		next = ModeOutOfOrder
 		m.until = now + int64(learnedTTL)
-	case old == ModeInOrder && m.inBase > 0 && base > 4*m.inBase && base > m.inBase+int64(2*time.Millisecond):
+	case old == ModeInOrder && m.inOrderUsual > 0 && usual > 4*m.inOrderUsual && usual > m.inOrderUsual+int64(2*time.Millisecond):
 		next, m.barred = ModeUnknown, now+int64(learnedTTL/10)
 		a.rescued, a.busy, a.busySlow = 0, 0, 0
 	case (a.rescued >= minRescueEvidence || slowGaps) && now-m.inverted >= int64(outOfOrderQuiet) && now >= m.barred:
@@ -311,8 +311,8 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 		if e.rescued > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)
 		}
-		if old != ModeInOrder || m.inBase == 0 {
-			m.inBase = base // 0 until a query alone on its connection was answered
+		if old != ModeInOrder || m.inOrderUsual == 0 {
+			m.inOrderUsual = usual // 0 until a query alone on its connection was answered
 		}
 	case now > m.until:
 		next = ModeUnknown
@@ -330,7 +330,7 @@ func (m *serveMode) update(e evidence, now int64) (Mode, bool) {
 // queries alone on their connection) and the mean answer time, each an average
 // over about eight sweeps with samples.
 func (m *serveMode) learnTimes(st answerStats) {
-	ewma(&m.base, st.aloneSum, st.aloneN)
+	ewma(&m.usual, st.aloneSum, st.aloneN)
 	ewma(&m.mean, st.sum, st.n)
 }
 

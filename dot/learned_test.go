@@ -82,7 +82,7 @@ func TestServeModeUpdate(t *testing.T) {
 	// In order before any query was answered alone: the usual time learnt
 	// later is the one to compare with.
 	step(evidence{rescued: 2}, ModeInOrder)
-	m.base.Store(int64(6 * time.Millisecond))
+	m.usual.Store(int64(6 * time.Millisecond))
 	step(evidence{rescued: 1}, ModeInOrder)
 	step(evidence{}, ModeInOrder)
 	step(evidence{inversions: 1}, ModeOutOfOrder)
@@ -97,14 +97,14 @@ func TestServeModeUpdate(t *testing.T) {
 	step(evidence{}, ModeUnknown)
 	// Answers a full serialGap apart, most of those that waited, are in order too.
 	now += int64(outOfOrderQuiet)
-	m.base.Store(int64(time.Millisecond))
+	m.usual.Store(int64(time.Millisecond))
 	m.acc = evidence{}
 	step(evidence{busy: 10, busySlow: 9}, ModeInOrder)
 	// In order, queries alone on a connection answered four times as slowly
 	// (and 2 ms more): a busy upstream taken for in-order; barred for a while.
-	m.base.Store(int64(4 * time.Millisecond))
+	m.usual.Store(int64(4 * time.Millisecond))
 	step(evidence{}, ModeInOrder)
-	m.base.Store(int64(5 * time.Millisecond))
+	m.usual.Store(int64(5 * time.Millisecond))
 	step(evidence{}, ModeUnknown)
 	step(evidence{rescued: 10}, ModeUnknown)
 	now += int64(learnedTTL / 10)

@@ -38,9 +38,9 @@ type SizeObserver interface {
 	// at once: 1 in order, MaxInflight otherwise.
 	ModeLearned(m Mode, perConn int)
 	// Sized reports, when either changes, how many connections taking queries
-	// the load wants and how many are open and take queries (not draining,
-	// not blocked behind a slow answer, not near their end).
-	Sized(wanted, open int)
+	// the load wants and how many are counted against the cap: taking (not
+	// draining, not blocked behind a slow answer) and not near their end.
+	Sized(wanted, counted int)
 	// Rescued reports a query sent again on another connection because it
 	// was stuck behind a slow answer on its own (see rescue.go).
 	Rescued()

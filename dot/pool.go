@@ -20,33 +20,34 @@ type Pool struct {
 	tls *tls.Config
 	obs Observer
 
-	conns      atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
-	waiters    atomic.Int32            // callers waiting in acquire for a slot or a connection
-	dialing    atomic.Int32            // mirrors dials, for a lock-free check on the hot path
-	closing    atomic.Int32            // connections between closeFor and connClosed
-	learned    learned                 // what the pool learned of its upstream: query limit, record verdict, mode
-	flights    *flights                // open flights of queries that identical ones wait for; nil: NoCoalesce
-	clock      atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
-	needed     atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
-	shortfall  atomic.Int32            // from the sweeper: connections wanted and not open
-	rescuesWon atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
-	dialTime   atomic.Int64            // ns: how long a dial takes, smoothed
-	sizeObs    SizeObserver            // obs, or obs with no-op sizing events
-	sizer      sizer                   // the sweeper's
-	respChans  *sync.Pool              // see newRespChans
-	bufs       sync.Pool               // connections' buffers (connBufs)
-	idleTicks  atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
-	probeDue   atomic.Bool             // in order: the next query that can is a probe (see probeConn)
-	kick       chan struct{}           // cap 1: wakes the sweeper
+	conns         atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
+	waiters       atomic.Int32            // callers waiting in acquire for a slot or a connection
+	dialing       atomic.Int32            // mirrors dials, for a lock-free check on the hot path
+	closing       atomic.Int32            // connections between closeFor and connClosed
+	learned       learned                 // what the pool learned of its upstream: query limit, record verdict, mode
+	flights       *flights                // open flights of queries that identical ones wait for; nil: NoCoalesce
+	clock         atomic.Int64            // unix ns, updated every sweep: a clock for what needs no precision
+	needed        atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
+	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
+	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
+	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
+	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
+	sizer         sizer                   // the sweeper's
+	respChans     *sync.Pool              // see newRespChans
+	bufs          sync.Pool               // connections' buffers (connBufs)
+	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
+	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
+	kick          chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // connection goroutines, dials and the sweeper
 
 	mu     sync.Mutex
-	dials  int           // guarded by mu: dials in flight
+	dials  int           // guarded by mu: dials under way
 	wake   chan struct{} // guarded by mu: closed and replaced when a slot or a connection may be free
 	redial redial        // guarded by mu: the reconnect backoff
+	fds    fdCap         // guarded by mu: the cap after dials failed for lack of file descriptors
 	closed bool          // guarded by mu
 }
 
@@ -202,6 +203,9 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 		}
 		return nil, ErrUnavailable
 	}
+	if p.dials == 0 && !p.hasUsableLocked() && p.fds.blocks(time.Now()) {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.fds.cause)
+	}
 	return p.wake, nil
 }
 
@@ -234,14 +238,14 @@ func (p *Pool) dial() {
 	if err == nil {
 		p.noteDialTime(time.Since(start))
 	}
+	if err != nil {
+		err = dialError(err)
+	}
 	resumed := err == nil && tc.ConnectionState().DidResume
 	if err == nil || p.ctx.Err() == nil { // a dial cut short by Close is not reported
 		p.obs.Dialed(time.Since(start), resumed, err)
 	}
 
-	if err != nil {
-		err = dialError(err)
-	}
 	p.mu.Lock()
 	p.dials--
 	p.dialing.Store(int32(p.dials))
@@ -249,6 +253,11 @@ func (p *Pool) dial() {
 	switch {
 	case err != nil && p.closed:
 		// Close cancelled the dial: that says nothing about the upstream.
+		p.mu.Unlock()
+		return
+	case errors.Is(err, ErrNoFiles):
+		// Local: no strike, no failure of the upstream; a cap (fdlimit.go).
+		p.fds.hit(len(*p.conns.Load()), err, time.Now())
 		p.mu.Unlock()
 		return
 	case err != nil:
@@ -263,6 +272,7 @@ func (p *Pool) dial() {
 		return
 	}
 	defer p.mu.Unlock()
+	p.fds.lift()
 	c := newConn(p, tc, bc)
 	conns := *p.conns.Load()
 	next := append(conns[:len(conns):len(conns)], c)
@@ -275,6 +285,9 @@ func (p *Pool) dial() {
 // dialError wraps a failed dial's error in ErrDial, with a hint when the server's
 // alert says what is wrong in terms an operator may not recognise.
 func dialError(err error) error {
+	if outOfFiles(err) {
+		return fmt.Errorf("%w: %w: %w", ErrDial, ErrNoFiles, err)
+	}
 	if isAlert(err, alertNoApplicationProtocol) {
 		return fmt.Errorf("%w: %w: the upstream refused ALPN \"dot\": it does not serve DNS-over-TLS on this port", ErrDial, err)
 	}

@@ -240,9 +240,9 @@ func TestRegimeInOrderSlowTail(t *testing.T) {
 		}
 		// 1 in 20 queries the server receives is slow (a rescue may be one):
 		// every other query is answered within the limit, but for a probe now
-		// and then (see probeConn), which may find itself behind a slow one
+		// and then (see orderCheckConn), which may find itself behind a slow one
 		// after all and be rescued late in a tick.
-		slowOnes, probes := learnt/20+1, learnt/inOrderProbeEvery+1
+		slowOnes, probes := learnt/20+1, learnt/orderCheckEvery+1
 		if fast < learnt-slowOnes-probes {
 			t.Errorf("%d of %d queries after the first %v answered within %v, want all but the %d slow ones (and %d probes)", fast, learnt, learning, limit, slowOnes, probes)
 		}

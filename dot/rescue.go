@@ -88,7 +88,7 @@ var errRescued = errors.New("dot: query stuck behind a slow answer")
 
 // rescueDelay is how long a query may wait with nothing read before it is rescued.
 func (p *Pool) rescueDelay() int64 {
-	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.base.Load())
+	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.usual.Load())
 }
 
 // blockWatch is the sweeper's view of one connection's reads, for telling when
@@ -188,7 +188,7 @@ func (c *conn) stuckLocked(now, delay int64) []*call {
 }
 
 // rescue sends q once more, on another connection than c, for its call cl that
-// is stuck there, and returns the first answer of the two attempts (see race).
+// is stuck there, and returns the first answer of the two attempts (see firstOfTwo).
 // While it waits for a connection, an answer to cl still wins; if none can take
 // it, cl is simply awaited.
 func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn, cl *call) (result, bool) {
@@ -206,7 +206,7 @@ func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn
 	q.resent = true
 	p.sizeObs.Rescued()
 	defer p.respChans.Put(r.resp)
-	return p.race(ctx.Done(), attempt{c, cl}, attempt{rc, r})
+	return p.firstOfTwo(ctx.Done(), attempt{c, cl}, attempt{rc, r})
 }
 
 // attempt is a call and the connection it is registered on.
@@ -215,10 +215,10 @@ type attempt struct {
 	cl *call
 }
 
-// race waits for the first answer of a stuck attempt and its rescue and gives
+// firstOfTwo waits for the first answer of a stuck attempt and its rescue and gives
 // up the other. An error of one leaves the other to answer; if both fail, the
 // last error is returned.
-func (p *Pool) race(done <-chan struct{}, stuck, resc attempt) (result, bool) {
+func (p *Pool) firstOfTwo(done <-chan struct{}, stuck, resc attempt) (result, bool) {
 	pending := [2]*attempt{&stuck, &resc}
 	var last result
 	for pending[0] != nil || pending[1] != nil {
@@ -258,7 +258,7 @@ func respOf(a *attempt) <-chan result {
 	return a.cl.resp
 }
 
-// giveUpBoth ends a race whose caller gave up: both pending attempts are given
+// giveUpBoth ends a rescue whose caller gave up: both pending attempts are given
 // up, and an answer that came meanwhile is still preferred.
 func (p *Pool) giveUpBoth(pending [2]*attempt) (result, bool) {
 	var got result

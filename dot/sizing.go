@@ -31,7 +31,7 @@ const (
 )
 
 const (
-	// maxParallelDials caps the dials in flight at once. After a failure only one
+	// maxParallelDials caps the dials under way at once. After a failure only one
 	// runs at a time, and the backoff paces them.
 	maxParallelDials = 4
 	// minExtraConns is how many connections that take no new query (draining,
@@ -47,9 +47,9 @@ const (
 	// pool keeps ready, so that a query finds one even while the sweeper has not
 	// yet seen that a busy connection is stuck behind a slow answer.
 	inOrderSpares = 1
-	// inOrderProbeEvery: one query in this many goes behind another on an
-	// in-order upstream, to see whether it still answers in order (probeConn).
-	inOrderProbeEvery = 256
+	// orderCheckEvery: one query in this many goes behind another on an
+	// in-order upstream, to see whether it still answers in order (orderCheckConn).
+	orderCheckEvery = 256
 )
 
 // capConns is the most connections that take new queries, in force now.
@@ -103,7 +103,7 @@ func (p *Pool) pick(cl *call) *conn {
 // syscall, and a TLS record read, at each end, whatever its size.
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
-	for range 3 {                     // a lost race for the last slot is retried on a fresh snapshot
+	for range 3 {                     // losing the last slot to another caller: retried on a fresh snapshot
 		var best *conn
 		var load int32
 		counted := 0 // connections that count toward the cap
@@ -157,10 +157,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 				best, load = c, l
 			}
 		}
-		if cl.avoid == nil && (p.probeDue.Load() || rand.Uint32()%inOrderProbeEvery == 0) {
-			// A probe is due until one finds a connection to go on.
-			pc := p.probeConn(cl)
-			p.probeDue.Store(pc == nil)
+		if cl.avoid == nil && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
+			// An order check is due until one finds a connection to go on.
+			pc := p.orderCheckConn(cl)
+			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
 		if best == nil {
@@ -176,13 +176,13 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	return nil
 }
 
-// probeConn returns a connection with one query outstanding, written within
+// orderCheckConn returns a connection with one query outstanding, written within
 // twice the usual answer time (at least a millisecond), the latest such, or
 // nil. A query put behind it on purpose shows, if its answer overtakes the one
 // before, that the upstream no longer answers in order; if the one before is
-// slow after all, the probe is rescued like any other query.
-func (p *Pool) probeConn(cl *call) *conn {
-	recent := nanotime() - max(2*p.learned.mode.base.Load(), int64(time.Millisecond))
+// slow after all, the order check is rescued like any other query.
+func (p *Pool) orderCheckConn(cl *call) *conn {
+	recent := nanotime() - max(2*p.learned.mode.usual.Load(), int64(time.Millisecond))
 	var best *conn
 	for _, c := range *p.conns.Load() {
 		if w := c.wroteAt.Load(); c.takes(cl) && c.load.Load() == 1 && w > recent {
@@ -227,6 +227,9 @@ func (p *Pool) startDialLocked() bool {
 	}
 	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
 		return false
+	}
+	if !p.fds.grant(len(conns)+p.dials, time.Now()) {
+		return false // out of file descriptors: see fdlimit.go
 	}
 	p.dials++
 	p.dialing.Store(int32(p.dials))
@@ -371,8 +374,8 @@ func neededInOrder(inflight float64) int {
 
 // wanted is how many connections taking queries the load wants now: in order,
 // the busy ones and the spares, within what Little's law allows; otherwise
-// enough to hold what is in flight at three-quarters full. None while nothing
-// is in flight.
+// enough to hold what is outstanding at three-quarters full. None while nothing
+// is outstanding.
 func (p *Pool) wanted(busy, inflight, needed int) int {
 	if busy == 0 {
 		return 0

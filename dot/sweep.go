@@ -8,7 +8,7 @@ import (
 // sweep runs on the pool's full sweeps. Under c.mu it times out calls past their
 // deadline and reaps expired tombstones (timeouts), starts a drain at MaxAge (and
 // calls for a successor shortly before) and judges what the connection's state
-// calls for (sweepVerdictLocked); outside the lock it completes the timed-out
+// calls for (closeCauseLocked); outside the lock it completes the timed-out
 // calls and closes the connection if it must. idle, if not 0 and shorter than
 // the connection's idle timeout, replaces it (see sweepAll).
 func (c *conn) sweep(now int64, idle time.Duration) {
@@ -27,7 +27,7 @@ func (c *conn) sweep(now int64, idle time.Duration) {
 			c.setDrainingLocked(CloseMaxAge)
 		}
 	}
-	v := c.sweepVerdictLocked(now, oldest, next, idle)
+	v := c.closeCauseLocked(now, oldest, next, idle)
 	c.mu.Unlock()
 
 	for _, cl := range expired {
@@ -73,30 +73,30 @@ func (c *conn) timeoutsLocked(now int64) (expired []*call, oldest, next *call) {
 	return expired, oldest, next
 }
 
-// sweepVerdict is why the sweeper closes a connection; reason -1: it does not.
-type sweepVerdict struct {
+// closeCause is why the sweeper closes a connection; reason -1: it does not.
+type closeCause struct {
 	cause  error
 	reason CloseReason
 }
 
-// sweepVerdictLocked checks, in order of precedence, for a stall, a drain that
+// closeCauseLocked checks, in order of precedence, for a stall, a drain that
 // stopped answering, a finished drain and idleness. c.mu must be held.
-func (c *conn) sweepVerdictLocked(now int64, oldest, next *call, idle time.Duration) sweepVerdict {
+func (c *conn) closeCauseLocked(now int64, oldest, next *call, idle time.Duration) closeCause {
 	if idle == 0 || idle > c.idle {
 		idle = c.idle
 	}
 	stuck := c.drainStuckLocked(now, oldest)
 	switch {
 	case c.stalledLocked(now, oldest, next):
-		return sweepVerdict{ErrStalled, CloseStall}
+		return closeCause{ErrStalled, CloseStall}
 	case stuck:
-		return sweepVerdict{errDrainStuck, c.drainFor}
+		return closeCause{errDrainStuck, c.drainFor}
 	case c.drainedLocked() >= 0:
-		return sweepVerdict{errDrained, c.drainFor}
+		return closeCause{errDrained, c.drainFor}
 	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(idle):
-		return sweepVerdict{errIdle, CloseIdle}
+		return closeCause{errIdle, CloseIdle}
 	}
-	return sweepVerdict{reason: -1}
+	return closeCause{reason: -1}
 }
 
 // stalledLocked: the oldest outstanding query is older than the stall timeout,
@@ -204,7 +204,7 @@ func (p *Pool) kickSweeper() {
 const minWatchInterval = minRescueDelay / 4
 
 // sweepAll sweeps every connection (see conn.sweep). For an in-order upstream,
-// whose load takes a connection per query in flight, the idle connections
+// whose load takes a connection per outstanding query, the idle connections
 // beyond what the last few seconds' load needed (keepInOrder) close after
 // inOrderIdle already, the newest first (the oldest idle one is taken first):
 // the pool keeps what its recent load needed, not its busiest moment since
@@ -239,7 +239,7 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
 	for _, c := range conns {
-		st.add(c.collect(ceiling(&m.base), ceiling(&m.mean)))
+		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean)))
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)

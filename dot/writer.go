@@ -47,7 +47,7 @@ func (c *conn) gather(batch []*call) ([]*call, bool) {
 			continue
 		default:
 		}
-		if yielded || size >= coalesceBytes {
+		if yielded || size >= batchBytes {
 			return batch, true
 		}
 		yielded = true
@@ -87,5 +87,5 @@ func (c *conn) writeFailed(err error) {
 	c.tc.SetReadDeadline(time.Now().Add(closeGrace))
 }
 
-// coalesceBytes: below this much buffered, the writer yields once before flushing.
-const coalesceBytes = 4 << 10
+// batchBytes: below this much buffered, the writer yields once before flushing.
+const batchBytes = 4 << 10

@@ -105,6 +105,10 @@ const pollInterval = 20 * time.Millisecond
 
 // waitFor polls cond until it returns nil or the deadline passes; it fails the
 // test with cond's last error. If p is not nil and exits, it fails at once.
+// Every wait of the end-to-end tests is on the wall clock, and must be: they
+// await real processes (unbound, dnsdist, CoreDNS...) over real sockets, which
+// no testing/synctest bubble can hold. Timer-driven logic is tested in bubbles
+// in the root package and in dot/.
 func waitFor(t testing.TB, what string, timeout time.Duration, p *proc, cond func() error) {
 	t.Helper()
 	if err := poll(timeout, p, cond); err != nil {

@@ -15,6 +15,17 @@ have dig      || need+=(dnsutils)
 have dnsperf  || need+=(dnsperf)
 have openssl  || need+=(openssl)
 have ss       || need+=(iproute2)
+have prlimit  || need+=(util-linux)
+# The container image (make image, e2e/image_test.go): built with buildah and
+# skopeo, unpacked with umoci, its file capability set and read with setcap and
+# getcap (in sbin, outside an ordinary user's PATH), run with setpriv in a
+# network namespace (ip netns), with the host's CA bundle in it.
+have buildah  || need+=(buildah)
+have skopeo   || need+=(skopeo)
+have umoci    || need+=(umoci)
+have setpriv  || need+=(util-linux)
+[ -x /usr/sbin/setcap ] && [ -x /usr/sbin/getcap ] || have getcap || need+=(libcap2-bin)
+[ -r /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 
 if [ ${#need[@]} -gt 0 ]; then
 	sudo=""

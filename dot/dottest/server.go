@@ -55,7 +55,9 @@ type Options struct {
 	Cert *Cert
 	// TLS adjusts the server's TLS configuration.
 	TLS func(*tls.Config)
-	// Addr is the listen address. Default "127.0.0.1:0".
+	// Addr is the listen address. Default "127.0.0.1:0". With Pipe, nothing
+	// listens and Addr is only the server's name (default 127.0.0.1:853): give
+	// each of a test's Pipe servers its own, for whatever is keyed by address.
 	Addr string
 	// Pipe serves connections made by Server.Dial over in-memory pipes (see the
 	// function Pipe) instead of listening: for tests under testing/synctest, whose clock only advances
@@ -105,8 +107,9 @@ func New(opts Options) (*Server, error) {
 		}
 		opts.Cert = c
 	}
+	named := opts.Addr
 	if opts.Addr == "" {
-		opts.Addr = "127.0.0.1:0"
+		opts.Addr, named = "127.0.0.1:0", pipeAddr
 	}
 	cfg := opts.Cert.ServerTLS()
 	cfg.NextProtos = []string{"dot"}
@@ -117,7 +120,7 @@ func New(opts Options) (*Server, error) {
 		opts.TLS(cfg)
 	}
 	s := &Server{
-		Addr: pipeAddr, ServerName: ServerName, Cert: opts.Cert,
+		Addr: named, ServerName: ServerName, Cert: opts.Cert,
 		opts: opts, tls: cfg, open: map[net.Conn]struct{}{},
 	}
 	s.inOrder.Store(opts.InOrder)
@@ -345,6 +348,12 @@ func (sc *serverConn) query(wire []byte, received int) {
 	if n := sc.s.opts.CloseAfter; n > 0 && received > n {
 		return // over this connection's query limit: never answered
 	}
+	if sc.s.onWire() {
+		if frame, ok := AppendAnswer(make([]byte, 0, 2+len(wire)+answerRoom), wire); ok {
+			sc.answerFrame(frame)
+			return
+		}
+	}
 	q := new(dns.Msg)
 	if err := q.Unpack(wire); err != nil || len(q.Question) != 1 {
 		return
@@ -359,6 +368,36 @@ func (sc *serverConn) query(wire []byte, received int) {
 		defer sc.pending.Done()
 		sc.answer(q)
 	}()
+}
+
+// answerRoom is what AppendAnswer adds to a query at most: an A record and an OPT
+// without options, which replaces the query's own.
+const answerRoom = 16 + 11
+
+// onWire reports whether the default answer may be built on the wire: nothing is
+// scripted that needs the query as a dns.Msg.
+func (s *Server) onWire() bool {
+	o := &s.opts
+	return o.Handler == nil && o.Mutate == nil && o.Raw == nil && o.Delay == nil && o.Drop == nil
+}
+
+// answerFrame writes an answer built on the wire, concurrently or in order as
+// answer does.
+func (sc *serverConn) answerFrame(frame []byte) {
+	sc.noteOutstanding(1)
+	if sc.s.inOrder.Load() {
+		sc.noteOutstanding(-1)
+		sc.write(frame)
+		return
+	}
+	sc.pending.Add(1)
+	go sc.writeConcurrently(frame)
+}
+
+func (sc *serverConn) writeConcurrently(frame []byte) {
+	defer sc.pending.Done()
+	sc.noteOutstanding(-1)
+	sc.write(frame)
 }
 
 func (sc *serverConn) noteOutstanding(d int64) {
@@ -387,7 +426,12 @@ func (sc *serverConn) answer(q *dns.Msg) {
 	if err != nil {
 		return
 	}
-	sc.write(frames)
+	var buf []byte
+	for _, f := range frames {
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(f)))
+		buf = append(buf, f...)
+	}
+	sc.write(buf)
 }
 
 func (sc *serverConn) build(q *dns.Msg) ([][]byte, error) {
@@ -414,17 +458,13 @@ func (sc *serverConn) build(q *dns.Msg) ([][]byte, error) {
 	return [][]byte{wire}, nil
 }
 
-func (sc *serverConn) write(frames [][]byte) {
+// write writes one answer's frames, each behind its length prefix, in one write.
+func (sc *serverConn) write(buf []byte) {
 	o := &sc.s.opts
 	sc.wmu.Lock()
 	defer sc.wmu.Unlock()
 	if sc.closed || (o.SilentAfter > 0 && sc.answered >= o.SilentAfter) {
 		return
-	}
-	var buf []byte
-	for _, f := range frames {
-		buf = binary.BigEndian.AppendUint16(buf, uint16(len(f)))
-		buf = append(buf, f...)
 	}
 	if _, err := sc.tc.Write(buf); err != nil {
 		sc.closed = true

@@ -49,8 +49,8 @@ type RegimeRun struct {
 	Timeouts        int64   `json:"timeouts"`            // dotforward: coredns_dotforward_timeouts_total during the run
 }
 
-// regimeOrder is the order of the regimes in the report, as issue 14 lists them.
-var regimeOrder = []string{"coredns-erratic", "dnsdist-slow", "cut-slowtail", "unbound", "churn"}
+// regimeOrder is the order of the regimes in the report, as issues 14 and 21 list them.
+var regimeOrder = []string{"coredns-erratic", "dnsdist-slow", "cut-slowtail", "unbound", "churn", "inorder-distant", "slow-pipelining"}
 
 // RegimeSummary aggregates the rounds of one regime, mode and churn setting.
 type RegimeSummary struct {
@@ -98,12 +98,13 @@ type RegimeTarget struct {
 
 // RegimeResults is bench/results/regimes.json.
 type RegimeResults struct {
-	Generated string            `json:"generated"`
-	Label     string            `json:"label,omitempty"`
-	Machine   map[string]string `json:"machine"`
-	Summaries []RegimeSummary   `json:"summaries"`
-	Targets   []RegimeTarget    `json:"targets"`
-	Runs      []RegimeRun       `json:"runs"`
+	Generated string             `json:"generated"`
+	Label     string             `json:"label,omitempty"`
+	Machine   map[string]string  `json:"machine"`
+	Summaries []RegimeSummary    `json:"summaries"`
+	Targets   []RegimeTarget     `json:"targets"`
+	Verdicts  []RegimeRunVerdict `json:"run_verdicts"` // every round of every regime judged on its own
+	Runs      []RegimeRun        `json:"runs"`
 }
 
 // regimesCmd turns the regimes phase's records into regimes.md, regimes.json and
@@ -130,6 +131,7 @@ func regimesCmd(args []string) error {
 	}
 	res.Summaries = summarizeRegimes(runs)
 	res.Targets = regimeTargets(res.Summaries)
+	res.Verdicts = regimeRunVerdicts(res.Summaries, runs)
 	var md strings.Builder
 	writeRegimes(&md, &res)
 	return writeResults(*out, "regimes", res, md.String(), "regimes.svg", regimesSVG(&res))

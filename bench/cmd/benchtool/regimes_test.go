@@ -63,3 +63,69 @@ func TestRegimeTargets(t *testing.T) {
 		t.Errorf("chart lacks a bar or draws NaN:\n%s", svg)
 	}
 }
+
+// Every run of a repeated regime is judged against forward's run of the same
+// round, and one failing run fails the regime even when the medians pass (issue
+// 21: one run in three fell into a state far worse than forward).
+func TestRegimeRunVerdicts(t *testing.T) {
+	var runs []RegimeRun
+	for round := 1; round <= 3; round++ {
+		f := regimeRun("inorder-distant", "fwd-tls", 0, 1993, 30.5, 33, 60)
+		d := regimeRun("inorder-distant", "dotforward", 0, 1990, 30.9, 36, 58)
+		f.Round, d.Round = round, round
+		if round == 2 {
+			d.QPS, d.P99ms = 145, 4200
+		}
+		runs = append(runs, f, d)
+	}
+	lone := regimeRun("slow-pipelining", "dotforward", 0, 250, 300.4, 302, 2)
+	lone.Round = 1
+	runs = append(runs, lone)
+
+	ss := summarizeRegimes(runs)
+	vs := regimeRunVerdicts(ss, runs)
+	if len(vs) != 4 {
+		t.Fatalf("%d verdicts, want one per dotforward run (4): %+v", len(vs), vs)
+	}
+	for _, v := range vs[:3] {
+		if want := v.Round != 2; v.Pass != want {
+			t.Errorf("inorder-distant round %d: pass %v (%v), want %v", v.Round, v.Pass, v.FailedWhat, want)
+		}
+	}
+	if got := strings.Join(vs[1].FailedWhat, "; "); got != "answers < 0.98 × forward's; p99 > 1.2 × forward's + 5 ms" {
+		t.Errorf("round 2 failed %q, want answers and p99", got)
+	}
+	// Losses count beyond the kernel's UDP drops of the run.
+	d := runs[1]
+	d.Lost, d.UDPRcvbufErrors = 5, 5
+	if v := judgeRun(&d, runs, 0); !v.Pass {
+		t.Errorf("5 lost with 5 kernel drops: %v, want a pass", v.FailedWhat)
+	}
+	d.Lost = 6
+	if v := judgeRun(&d, runs, 0); v.Pass || v.FailedWhat[0] != "lost or failed queries" {
+		t.Errorf("6 lost with 5 kernel drops: %v, want a failure for the loss", v.FailedWhat)
+	}
+	if vs[3].Pass || !strings.Contains(vs[3].FailedWhat[0], "did not run") {
+		t.Errorf("a round without forward's run: %+v, want a failure saying so", vs[3])
+	}
+	if p, all := runsPassed(vs, "inorder-distant"); p != "2 of 3" || all {
+		t.Errorf("runsPassed = %q, %v, want 2 of 3, false", p, all)
+	}
+	ts := regimeTargets(ss)
+	if v, _ := regimeVerdict(ts, "inorder-distant"); v != "PASS" {
+		t.Fatalf("medians' verdict %s, want PASS: the test needs the medians to hide the bad run", v)
+	}
+	var md strings.Builder
+	writeRegimes(&md, &RegimeResults{Summaries: ss, Targets: ts, Verdicts: vs, Runs: runs, Machine: map[string]string{}})
+	for _, want := range []string{
+		"## Every run against forward's run of the same round",
+		"| inorder-distant | 1 | 1990 / 1993 | 30.90 / 30.50 | 36.0 / 33.0 | 58 / 60 | 0 | PASS |",
+		"| inorder-distant | 2 | 145 / 1993 |",
+		"| 2 of 3 | **FAIL** | runs passed 2 of 3 |",
+		"| inorder-distant | 3 | 1990 / 1993 |",
+	} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, md.String())
+		}
+	}
+}

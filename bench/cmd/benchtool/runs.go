@@ -13,7 +13,7 @@ import (
 
 // Run is one measured dnsperf run, as bench/run.sh records it.
 type Run struct {
-	Kind       string  `json:"kind"` // throughput, latency or churn
+	Kind       string  `json:"kind"` // throughput, latency, churn or mission
 	Mode       string  `json:"mode"` // whoami, fwd-udp, fwd-tls, dotforward, unbound
 	Round      int     `json:"round"`
 	CloseAfter int     `json:"close_after"` // churn: the fake upstream's answers per connection, 0 = no churn
@@ -48,6 +48,9 @@ type Run struct {
 	MetricHandshakes int64 `json:"metric_handshakes"` // churn, dotforward: coredns_dotforward_handshakes_total
 	MetricResumed    int64 `json:"metric_resumed"`    // churn, dotforward: of which resumed="true"
 	Replays          int64 `json:"replays"`           // churn, dotforward: coredns_dotforward_replays_total
+
+	CacheHits   int64 `json:"cache_hits"`   // mission: coredns_cache_hits_total during the run
+	CacheMisses int64 `json:"cache_misses"` // mission: coredns_cache_misses_total during the run
 }
 
 func readRuns(path string) ([]Run, error) {

@@ -6,7 +6,8 @@ import (
 )
 
 // modeOrder is the order of modes in tables and the chart.
-var modeOrder = []string{"whoami", "fwd-udp", "fwd-tls", "dotforward", "dotforward-nocoalesce", "dotforward-base", "unbound"}
+var modeOrder = []string{"whoami", "fwd-udp", "fwd-tls", "dotforward", "dotforward-nocoalesce", "dotforward-base", "unbound",
+	"mission-whoami", "mission-fwd-udp", "mission-fwd-tls", "mission-dotforward"}
 
 // modeLabel describes each mode for readers of the report.
 var modeLabel = map[string]string{
@@ -19,6 +20,11 @@ var modeLabel = map[string]string{
 	// The same Corefile on another build (BENCH_BASE_COREDNS), named in the report.
 	"dotforward-base": "CoreDNS dotforward, tls://, base build",
 	"unbound":         "Unbound forward-tls-upstream",
+	// The mission's Corefile: errors, prometheus, cache 30, then the forwarder.
+	"mission-whoami":     "whoami behind errors, prometheus, cache",
+	"mission-fwd-udp":    "forward UDP behind errors, prometheus, cache",
+	"mission-fwd-tls":    "forward tls:// behind errors, prometheus, cache",
+	"mission-dotforward": "dotforward behind errors, prometheus, cache",
 }
 
 // Summary aggregates the rounds of one kind, mode (and churn setting).
@@ -54,6 +60,11 @@ type Summary struct {
 	ResumedShare       F     `json:"resumed_share"`
 	MetricResumedShare F     `json:"metric_resumed_share"`
 	Replays            int64 `json:"replays_total"`
+	// CPUxFloor is CPUus over that of the floor of the same kind and run
+	// (floorMode): what forwarding costs above CoreDNS's own work.
+	CPUxFloor F `json:"cpu_x_whoami"`
+	// CacheHitShare is the cache's hits over its lookups (mission runs).
+	CacheHitShare F `json:"cache_hit_share"`
 }
 
 type groupKey struct {
@@ -65,7 +76,7 @@ type groupKey struct {
 func summarize(runs []Run) []Summary {
 	groups, keys := groupBy(runs, func(r Run) groupKey { return groupKey{r.Kind, r.Mode, r.CloseAfter} })
 	rank := func(m string) int { return rankIn(modeOrder, m) }
-	kindRank := map[string]int{"throughput": 0, "latency": 1, "churn": 2}
+	kindRank := map[string]int{"throughput": 0, "latency": 1, "churn": 2, "mission": 3}
 	slices.SortStableFunc(keys, func(a, b groupKey) int {
 		if d := kindRank[a.kind] - kindRank[b.kind]; d != 0 {
 			return d
@@ -79,13 +90,14 @@ func summarize(runs []Run) []Summary {
 	for _, k := range keys {
 		out = append(out, summarizeGroup(k, groups[k]))
 	}
+	addFloor(out)
 	return out
 }
 
 func summarizeGroup(k groupKey, rs []Run) Summary {
 	s := Summary{Kind: k.kind, Mode: k.mode, CloseAfter: k.closeAfter, Rounds: len(rs)}
 	var qps, p50, p99, cpu, offered, upcpu []float64
-	var completed, upstream, hs, resumed, mhs, mres, rd, wr int64
+	var completed, upstream, hs, resumed, mhs, mres, rd, wr, hits, misses int64
 	s.QPSMin = math.Inf(1)
 	for _, r := range rs {
 		qps = append(qps, r.QPS)
@@ -112,6 +124,8 @@ func summarizeGroup(k groupKey, rs []Run) Summary {
 		resumed += r.Resumed
 		mhs += r.MetricHandshakes
 		mres += r.MetricResumed
+		hits += r.CacheHits
+		misses += r.CacheMisses
 	}
 	s.QPS, s.P50ms, s.P99ms, s.CPUus, s.OfferedQPS = median(qps), median(p50), median(p99), median(cpu), median(offered)
 	s.UpstreamCPU = median(upcpu)
@@ -121,6 +135,8 @@ func summarizeGroup(k groupKey, rs []Run) Summary {
 	s.HandshakesPer1k = F(ratio(float64(hs)*1000, float64(completed)))
 	s.ResumedShare = F(ratio(float64(resumed), float64(hs)))
 	s.MetricResumedShare = F(ratio(float64(mres), float64(mhs)))
+	s.CacheHitShare = F(ratio(float64(hits), float64(hits+misses)))
+	s.CPUxFloor = F(math.NaN())
 	return s
 }
 
@@ -159,12 +175,14 @@ type Ratio struct {
 	RoundMax F      `json:"round_max"`
 }
 
+// ratioDef is a Ratio to compute: mode a's QPS, or CPU per query, over b's.
+type ratioDef struct {
+	name, a, b string
+	cpu        bool
+	optional   bool // left out when a mode did not run
+}
+
 func throughputRatios(ss []Summary, runs []Run) []Ratio {
-	type ratioDef struct {
-		name, a, b string
-		cpu        bool
-		optional   bool // left out when a mode did not run
-	}
 	defs := []ratioDef{
 		{"QPS dotforward / forward tls://", "dotforward", "fwd-tls", false, false},
 		{"QPS dotforward / forward UDP", "dotforward", "fwd-udp", false, false},
@@ -180,6 +198,11 @@ func throughputRatios(ss []Summary, runs []Run) []Ratio {
 		{"QPS dotforward / dotforward base build", "dotforward", "dotforward-base", false, true},
 		{"CPU per query dotforward / dotforward base build", "dotforward", "dotforward-base", true, true},
 	}
+	return ratiosOf("throughput", defs, ss, runs)
+}
+
+// ratiosOf computes defs over the runs of one kind.
+func ratiosOf(kind string, defs []ratioDef, ss []Summary, runs []Run) []Ratio {
 	metric := func(cpu bool, qps, us float64) float64 {
 		if cpu {
 			return us
@@ -188,7 +211,7 @@ func throughputRatios(ss []Summary, runs []Run) []Ratio {
 	}
 	byRound := map[string]map[int]Run{}
 	for _, r := range runs {
-		if r.Kind != "throughput" {
+		if r.Kind != kind {
 			continue
 		}
 		if byRound[r.Mode] == nil {
@@ -199,7 +222,7 @@ func throughputRatios(ss []Summary, runs []Run) []Ratio {
 	out := make([]Ratio, 0, len(defs))
 	for _, d := range defs {
 		r := Ratio{Name: d.name, Value: F(math.NaN()), RoundMin: F(math.NaN()), RoundMax: F(math.NaN())}
-		x, y := find(ss, "throughput", d.a, 0), find(ss, "throughput", d.b, 0)
+		x, y := find(ss, kind, d.a, 0), find(ss, kind, d.b, 0)
 		if d.optional && (x == nil || y == nil) {
 			continue
 		}
@@ -247,17 +270,23 @@ func targets(ss []Summary, rs []Ratio) []Target {
 		{Name: "churn: share of reconnect handshakes resumed", Value: resumed, Op: ">=", Limit: 0.95},
 		{Name: "churn: dotforward lost (beyond kernel UDP drops) + failed queries", Value: churnLost, Op: "<=", Limit: 0},
 	}
+	passes(ts)
+	return ts
+}
+
+// passes sets each target's Pass: measured and within its limit.
+func passes(ts []Target) {
 	for i := range ts {
 		t := &ts[i]
 		switch {
 		case math.IsNaN(float64(t.Value)):
+			t.Pass = false
 		case t.Op == ">=":
 			t.Pass = float64(t.Value) >= t.Limit
 		default:
 			t.Pass = float64(t.Value) <= t.Limit
 		}
 	}
-	return ts
 }
 
 // churnSummary is the churn run of mode against the closing upstream.
