@@ -11,20 +11,27 @@
 #   BENCH_CLUSTER_MODES="dotforward fwd-tls fwd-udp" BENCH_CLUSTER_QUERIES=400000
 # Ports: BASE+50..BASE+55 (API server, etcd client and peer, health, ready, metrics).
 
-BENCH_CLUSTER_SERVICES=${BENCH_CLUSTER_SERVICES:-300}
-BENCH_CLUSTER_ROUNDS=${BENCH_CLUSTER_ROUNDS:-$BENCH_ROUNDS}
-BENCH_CLUSTER_MODES=${BENCH_CLUSTER_MODES:-dotforward fwd-tls fwd-udp}
-BENCH_CLUSTER_QUERIES=${BENCH_CLUSTER_QUERIES:-400000}
-CL_API_PORT=$((BASE + 50))
-CL_ETCD_PORT=$((BASE + 51))
-CL_ETCD_PEER_PORT=$((BASE + 52))
-CL_HEALTH_PORT=$((BASE + 53))
-CL_READY_PORT=$((BASE + 54))
-CL_METRICS_PORT=$((BASE + 55))
-CL_TOKEN=dotforward-bench-admin
+# cluster_init sets the phase's settings; run.sh sources this file before it
+# sets BASE and BENCH_ROUNDS, so they are read when preflight asks for the ports.
+cluster_init() {
+	BENCH_CLUSTER_SERVICES=${BENCH_CLUSTER_SERVICES:-300}
+	BENCH_CLUSTER_ROUNDS=${BENCH_CLUSTER_ROUNDS:-$BENCH_ROUNDS}
+	BENCH_CLUSTER_MODES=${BENCH_CLUSTER_MODES:-dotforward fwd-tls fwd-udp}
+	BENCH_CLUSTER_QUERIES=${BENCH_CLUSTER_QUERIES:-400000}
+	CL_API_PORT=$((BASE + 50))
+	CL_ETCD_PORT=$((BASE + 51))
+	CL_ETCD_PEER_PORT=$((BASE + 52))
+	CL_HEALTH_PORT=$((BASE + 53))
+	CL_READY_PORT=$((BASE + 54))
+	CL_METRICS_PORT=$((BASE + 55))
+	CL_TOKEN=dotforward-bench-admin
+}
 
 # cluster_ports: the phase's ports, for preflight.
-cluster_ports() { echo "$CL_API_PORT $CL_ETCD_PORT $CL_ETCD_PEER_PORT $CL_HEALTH_PORT $CL_READY_PORT $CL_METRICS_PORT"; }
+cluster_ports() {
+	cluster_init
+	echo "$CL_API_PORT $CL_ETCD_PORT $CL_ETCD_PEER_PORT $CL_HEALTH_PORT $CL_READY_PORT $CL_METRICS_PORT"
+}
 
 # cluster_control_plane starts etcd and kube-apiserver (built by
 # scripts/k8s-tools.sh) on 127.0.0.1 and writes $WORK/kubeconfig.
@@ -163,6 +170,7 @@ cluster_measure() {
 
 phase_cluster() {
 	local t0=$SECONDS r m
+	cluster_init
 	: >"$WORK/cluster.jsonl"
 	cluster_control_plane
 	cluster_services
