@@ -10,7 +10,7 @@ IMAGE_ARCHIVE ?= _output/dotforward-image.oci.tar
 export IMAGE_NAME IMAGE_TAG IMAGE_SOURCE IMAGE_GOFLAGS IMAGE_LDFLAGS IMAGE_CAPS \
 	IMAGE_USER IMAGE_CA_BUNDLE IMAGE_PORTS IMAGE_ENTRYPOINT IMAGE_CMD IMAGE_ARCHS IMAGE_ARCHIVE
 
-.PHONY: build test test-property test-deps image bench bench-blackhole bench-regimes bench-hedge clean
+.PHONY: build test test-property test-deps image bench bench-blackhole bench-regimes bench-hedge bench-cluster clean
 
 # build writes ./coredns: every standard CoreDNS plugin plus dotforward.
 build:
@@ -67,6 +67,13 @@ bench-regimes: test-deps build
 # results land in bench/results/hedge.*. BENCH_HEDGE_SETTINGS changes the settings.
 bench-hedge: test-deps build
 	BENCH_PHASES=hedge bash bench/run.sh
+
+# bench-cluster runs only the cluster phase (issue 22): the shipped cluster DNS
+# Corefile on a real API server with a few hundred Services, under 80 % cluster
+# names and 20 % outside names, with dotforward, forward tls:// and forward UDP;
+# results land in bench/results/cluster.md and a section of results.md.
+bench-cluster: test-deps build
+	BENCH_PHASES=cluster bash bench/run.sh
 
 clean:
 	rm -f $(BINARY)

@@ -18,8 +18,10 @@
 #   BENCH_BASE_COREDNS=""  a second CoreDNS build with dotforward (for example an older
 #     commit's make build): adds mode dotforward-base, the same Corefile on that binary,
 #     so a change is measured against its base in one run; BENCH_BASE_LABEL names it
-#   BENCH_PHASES="throughput latency churn mission regimes hedge fdlimit profile micro"
+#   BENCH_PHASES="throughput latency churn mission regimes hedge fdlimit cluster profile micro"
 #   BENCH_FDLIMIT_NOFILE=40 BENCH_FDLIMIT_QPS=1000 BENCH_FDLIMIT_SECONDS=8 BENCH_FDLIMIT_RUNS=5  (bench/phase_fdlimit.sh)
+#   The cluster phase (issue 22, bench/phase_cluster.sh, make bench-cluster): the shipped cluster DNS Corefile on a real
+#     API server under an 80/20 mix of cluster and outside names; its knobs are in that file
 #   BENCH_LATENCY_QPS=""    the latency phase's offered rate; default half of forward UDP's
 #     median throughput (which needs the throughput phase and mode fwd-udp)
 #   BENCH_PROFILE_QPS=""    the profile phase's offered rate (default: as fast as it goes, the throughput load)
@@ -68,7 +70,7 @@ BASE_LABEL=${BENCH_BASE_LABEL:-$BASE_COREDNS}
 if [ -n "$BASE_COREDNS" ] && [[ " $BENCH_MODES " != *" dotforward-base "* ]]; then
 	BENCH_MODES="$BENCH_MODES dotforward-base"
 fi
-BENCH_PHASES=${BENCH_PHASES:-throughput latency churn mission regimes hedge fdlimit profile micro}
+BENCH_PHASES=${BENCH_PHASES:-throughput latency churn mission regimes hedge fdlimit cluster profile micro}
 BENCH_CHURN_AFTER=${BENCH_CHURN_AFTER:-100}
 BENCH_CHURN_MODES=${BENCH_CHURN_MODES:-dotforward fwd-tls}
 BENCH_PROFILE_MODES=${BENCH_PROFILE_MODES:-dotforward}
@@ -148,7 +150,7 @@ preflight() {
 	fi
 	local p
 	for p in $UDP_PORT $DOT_PORT $CTL_PORT $FRONT_PORT $METRICS_PORT $PPROF_PORT $FWD_PORT $FWD_CTL_PORT $FAKE_PORT $FAKE_STATS_PORT \
-		$HEDGE_B_PORT $HEDGE_B_STATS_PORT $REG_DOT_PORT $REG_BACKEND_PORT; do
+		$HEDGE_B_PORT $HEDGE_B_STATS_PORT $REG_DOT_PORT $REG_BACKEND_PORT $(cluster_ports); do
 		port_free "$p" || die "port $p on 127.0.0.1 is in use; set BENCH_PORT_BASE to a free range"
 	done
 }
@@ -846,6 +848,7 @@ main() {
 	has_phase mission && phase_mission
 	has_phase regimes && phase_regimes
 	has_phase hedge && phase_hedge
+	has_phase cluster && phase_cluster
 	: >"$WORK/profile.txt"
 	has_phase profile && phase_profile
 	: >>"$WORK/micro.txt"
@@ -857,10 +860,11 @@ main() {
 	hits=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
 	log "upstream answered $hits queries in all"
 	# A run of the black hole, the regimes or the hedge phase alone measured nothing for results.md: keep the last one.
-	[ -s "$WORK/raw.jsonl" ] || return 0
+	[ -s "$WORK/raw.jsonl" ] || { cluster_results; return 0; }
 	"$WORK/benchtool" report -in "$WORK/raw.jsonl" -out "$RESULTS" -machine "$WORK/machine.env" \
 		-micro "$WORK/micro.txt" -profile "$WORK/profile.txt"
 	cp "$WORK/raw.jsonl" "$RESULTS/raw.jsonl"
+	cluster_results
 	log "results in $RESULTS/results.md"
 }
 
