@@ -85,6 +85,16 @@ func TestClusterDNS(t *testing.T) {
 	t.Run("Scaling", func(t *testing.T) { checkScaling(t, f, cp.client, cases) })
 	t.Run("OutsideOverDoT", func(t *testing.T) { checkOutside(t, f, u) })
 	t.Run("ReloadUnderLoad", func(t *testing.T) { checkReload(t, f, cases.web) })
+	// The shipped ClusterRole is enough only if the kubernetes plugin's
+	// informers never met a refusal: a missing verb does not stop CoreDNS
+	// answering (client-go falls back to listing again and again, or, with
+	// watch-list, needs no list at all), it shows as "is forbidden" errors in
+	// its log and answers that go stale between relists.
+	t.Run("RBACEnough", func(t *testing.T) {
+		if f.p.logContains("is forbidden") {
+			t.Errorf("CoreDNS, with the ServiceAccount's token, was refused by the API server (a verb or resource missing from deploy/kubernetes/clusterrole.yaml):\n%s", f.p.tail(8<<10))
+		}
+	})
 	t.Run("UpstreamStopped", func(st *testing.T) { checkUpstreamStopped(st, t, f, u) })
 	t.Run("APIServerStopped", func(t *testing.T) { checkAPIServerStopped(t, f, cp, cases) })
 }
