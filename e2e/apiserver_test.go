@@ -44,7 +44,7 @@ type controlPlane struct {
 	etcd      *proc
 	api       *proc
 	start     func(t testing.TB) *proc // (re)starts the API server on the same port
-	client    *kubernetes.Clientset   // admin's client
+	client    *kubernetes.Clientset    // admin's client
 }
 
 // k8sBinDir returns the directory scripts/k8s-tools.sh builds etcd,
