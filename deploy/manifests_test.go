@@ -27,7 +27,7 @@ import (
 func imageRef(t *testing.T) string {
 	t.Helper()
 	r := readRecipe(t)
-	return r.get(t, "IMAGE_NAME") + ":" + r.get(t, "IMAGE_TAG")
+	return r.Value(t, "IMAGE_NAME") + ":" + r.Value(t, "IMAGE_TAG")
 }
 
 // manifests is the set of objects of one kustomization directory.

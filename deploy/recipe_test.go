@@ -14,26 +14,9 @@ import (
 )
 
 // imageRecipe is image.env, read for a test.
-type imageRecipe struct{ recipe.Recipe }
+type imageRecipe = recipe.Must
 
-func readRecipe(t testing.TB) imageRecipe {
-	t.Helper()
-	r, err := recipe.Read("..")
-	if err != nil {
-		t.Fatalf("Read image.env: %v", err)
-	}
-	return imageRecipe{r}
-}
-
-// get returns the value of name, failing the test if image.env lacks it.
-func (r imageRecipe) get(t testing.TB, name string) string {
-	t.Helper()
-	v, err := r.Get(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
+func readRecipe(t testing.TB) imageRecipe { return recipe.ReadMust(t, "..") }
 
 // dockerfile is the Dockerfile's instructions, continuation lines joined.
 type dockerfile struct {
@@ -111,7 +94,7 @@ var imageLabels = map[string]string{
 func TestImageRecipe(t *testing.T) {
 	r, d := readRecipe(t), readDockerfile(t)
 	for _, k := range recipeArgs {
-		if got, want := d.globalArgs[k], r.get(t, k); got != want {
+		if got, want := d.globalArgs[k], r.Value(t, k); got != want {
 			t.Errorf("Dockerfile: ARG %s=%q, image.env has %q", k, got, want)
 		}
 	}
@@ -144,7 +127,7 @@ func checkDockerfileFinal(t *testing.T, r imageRecipe, d *dockerfile) {
 	if got := d.final("FROM"); !slices.Equal(got, []string{"scratch"}) {
 		t.Errorf("Dockerfile: the final stage is FROM %v, want scratch (make image builds from scratch)", got)
 	}
-	entry := r.get(t, "IMAGE_ENTRYPOINT")
+	entry := r.Value(t, "IMAGE_ENTRYPOINT")
 	wantCopy := []string{"--from=build /coredns " + entry, "--from=build ${IMAGE_CA_BUNDLE} ${IMAGE_CA_BUNDLE}"}
 	if got := d.final("COPY"); !slices.Equal(got, wantCopy) {
 		t.Errorf("Dockerfile: final stage COPY %q, want %q", got, wantCopy)
@@ -152,11 +135,11 @@ func checkDockerfileFinal(t *testing.T, r imageRecipe, d *dockerfile) {
 	if got := d.final("USER"); !slices.Equal(got, []string{"${IMAGE_USER}"}) {
 		t.Errorf("Dockerfile: USER %v, want ${IMAGE_USER}", got)
 	}
-	if got := d.final("EXPOSE"); !slices.Equal(got, []string{r.get(t, "IMAGE_PORTS")}) {
-		t.Errorf("Dockerfile: EXPOSE %v, image.env has %s", got, r.get(t, "IMAGE_PORTS"))
+	if got := d.final("EXPOSE"); !slices.Equal(got, []string{r.Value(t, "IMAGE_PORTS")}) {
+		t.Errorf("Dockerfile: EXPOSE %v, image.env has %s", got, r.Value(t, "IMAGE_PORTS"))
 	}
 	checkJSONInstr(t, d, "ENTRYPOINT", []string{entry})
-	checkJSONInstr(t, d, "CMD", strings.Fields(r.get(t, "IMAGE_CMD")))
+	checkJSONInstr(t, d, "CMD", strings.Fields(r.Value(t, "IMAGE_CMD")))
 	var wantLabels []string
 	for k, arg := range imageLabels {
 		wantLabels = append(wantLabels, fmt.Sprintf("%s=${%s}", k, arg))

@@ -23,26 +23,9 @@ import (
 )
 
 // imageRecipe is image.env, read for a test.
-type imageRecipe struct{ recipe.Recipe }
+type imageRecipe = recipe.Must
 
-func readRecipe(t testing.TB) imageRecipe {
-	t.Helper()
-	r, err := recipe.Read("..")
-	if err != nil {
-		t.Fatalf("Read image.env: %v", err)
-	}
-	return imageRecipe{r}
-}
-
-// get returns the value of name, failing the test if image.env lacks it.
-func (r imageRecipe) get(t testing.TB, name string) string {
-	t.Helper()
-	v, err := r.Get(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
+func readRecipe(t testing.TB) imageRecipe { return recipe.ReadMust(t, "..") }
 
 // imageArchs are the architectures the test builds; only the host's runs.
 var imageArchs = []string{"amd64", "arm64"}
@@ -195,17 +178,17 @@ func wantImage(t *testing.T, r imageRecipe) imageWant {
 		t.Fatalf("git log: %v", err)
 	}
 	epoch := time.Unix(secs, 0).UTC()
-	if r.get(t, "IMAGE_CAPS") != "cap_net_bind_service=+ep" {
+	if r.Value(t, "IMAGE_CAPS") != "cap_net_bind_service=+ep" {
 		t.Fatalf("image.env: IMAGE_CAPS = %s; this test checks cap_net_bind_service=+ep: update it", r.Recipe["IMAGE_CAPS"])
 	}
 	return imageWant{
-		user:       r.get(t, "IMAGE_USER"),
-		entrypoint: r.get(t, "IMAGE_ENTRYPOINT"),
-		caBundle:   r.get(t, "IMAGE_CA_BUNDLE"),
-		cmd:        strings.Fields(r.get(t, "IMAGE_CMD")),
-		ports:      strings.Fields(r.get(t, "IMAGE_PORTS")),
+		user:       r.Value(t, "IMAGE_USER"),
+		entrypoint: r.Value(t, "IMAGE_ENTRYPOINT"),
+		caBundle:   r.Value(t, "IMAGE_CA_BUNDLE"),
+		cmd:        strings.Fields(r.Value(t, "IMAGE_CMD")),
+		ports:      strings.Fields(r.Value(t, "IMAGE_PORTS")),
 		labels: map[string]string{
-			"org.opencontainers.image.source":   r.get(t, "IMAGE_SOURCE"),
+			"org.opencontainers.image.source":   r.Value(t, "IMAGE_SOURCE"),
 			"org.opencontainers.image.revision": git("rev-parse", "HEAD"),
 			"org.opencontainers.image.version":  git("describe", "--tags", "--always", "--dirty"),
 			"org.opencontainers.image.created":  epoch.Format(time.RFC3339),

@@ -39,7 +39,7 @@ func unpackImage(t *testing.T, archive string, r imageRecipe) *imageBundle {
 	t.Helper()
 	dir := sharedDir(t)
 	layout := filepath.Join(dir, "layout")
-	tag := r.get(t, "IMAGE_TAG")
+	tag := r.Value(t, "IMAGE_TAG")
 	mustRunFor(t, tool(t, "skopeo"), "copy", "--quiet", "oci-archive:"+archive+":"+tag, "oci:"+layout+":"+tag)
 	bundle := filepath.Join(dir, "bundle")
 	mustRunFor(t, tool(t, "umoci"), "unpack", "--image", layout+":"+tag, bundle)
@@ -57,10 +57,10 @@ func unpackImage(t *testing.T, archive string, r imageRecipe) *imageBundle {
 		t.Fatalf("umoci's config.json: %v\n%s", err, b)
 	}
 	ib := &imageBundle{rootfs: filepath.Join(bundle, "rootfs"), uid: spec.Process.User.UID, gid: spec.Process.User.GID, args: spec.Process.Args}
-	if got := fmt.Sprintf("%d:%d", ib.uid, ib.gid); got != r.get(t, "IMAGE_USER") || ib.uid == 0 {
-		t.Errorf("runtime config: user %s, want %s (not root)", got, r.get(t, "IMAGE_USER"))
+	if got := fmt.Sprintf("%d:%d", ib.uid, ib.gid); got != r.Value(t, "IMAGE_USER") || ib.uid == 0 {
+		t.Errorf("runtime config: user %s, want %s (not root)", got, r.Value(t, "IMAGE_USER"))
 	}
-	wantArgs := append([]string{r.get(t, "IMAGE_ENTRYPOINT")}, strings.Fields(r.get(t, "IMAGE_CMD"))...)
+	wantArgs := append([]string{r.Value(t, "IMAGE_ENTRYPOINT")}, strings.Fields(r.Value(t, "IMAGE_CMD"))...)
 	if strings.Join(ib.args, " ") != strings.Join(wantArgs, " ") {
 		t.Errorf("runtime config: args %q, want %q", ib.args, wantArgs)
 	}
@@ -69,7 +69,7 @@ func unpackImage(t *testing.T, archive string, r imageRecipe) *imageBundle {
 			t.Fatal(err)
 		}
 	}
-	bin := filepath.Join(ib.rootfs, r.get(t, "IMAGE_ENTRYPOINT"))
+	bin := filepath.Join(ib.rootfs, r.Value(t, "IMAGE_ENTRYPOINT"))
 	if out := mustRunFor(t, tool(t, "getcap"), bin); !strings.Contains(out, "cap_net_bind_service=ep") {
 		t.Errorf("getcap on the unpacked binary: %q, want cap_net_bind_service=ep", out)
 	}
@@ -83,13 +83,13 @@ func unpackImage(t *testing.T, archive string, r imageRecipe) *imageBundle {
 func checkBuildFlags(t *testing.T, r imageRecipe, bin string) {
 	t.Helper()
 	out := mustRunFor(t, "go", "version", "-m", bin)
-	for _, want := range []string{"build\tCGO_ENABLED=0", "build\t" + r.get(t, "IMAGE_GOFLAGS") + "=true"} {
+	for _, want := range []string{"build\tCGO_ENABLED=0", "build\t" + r.Value(t, "IMAGE_GOFLAGS") + "=true"} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("go version -m: no line %q in\n%s", want, out)
 		}
 	}
-	if r.get(t, "IMAGE_LDFLAGS") != "-s -w" {
-		t.Fatalf("image.env: IMAGE_LDFLAGS = %s; this test checks -s -w: update it", r.get(t, "IMAGE_LDFLAGS"))
+	if r.Value(t, "IMAGE_LDFLAGS") != "-s -w" {
+		t.Fatalf("image.env: IMAGE_LDFLAGS = %s; this test checks -s -w: update it", r.Value(t, "IMAGE_LDFLAGS"))
 	}
 	f, err := elf.Open(bin)
 	if err != nil {
