@@ -208,6 +208,13 @@ func (c *conn) giveUpLocked(cl *call, now int64) {
 // await waits for cl's result, a rescue notice (errRescued) or the caller's
 // cancellation.
 func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
+	if done == nil {
+		// A context that is never cancelled (CoreDNS's per-query one): one
+		// receive instead of a select, which locks both channels and parks on
+		// both. The call is completed all the same (see the ownership rule): by
+		// an answer, its deadline (the sweeper) or the connection's death.
+		return <-cl.resp, true
+	}
 	select {
 	case r := <-cl.resp:
 		return r, true
