@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"bufio"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,12 @@ type batchConn struct {
 	buf      []byte    // guarded by mu
 	err      error     // guarded by mu: the first write error, sticky
 	until    time.Time // guarded by mu: the write deadline armed on Conn
+
+	// ahead, set by readAhead before the reader starts, reads the socket ahead
+	// of TLS (reader only); ahead holds what it has read and TLS has not taken,
+	// for unread (written by the reader, read by the sweeper).
+	ahead  *bufio.Reader
+	aheadN atomic.Int32
 }
 
 // Write is how crypto/tls writes: into the open batch, else (the handshake,
@@ -48,11 +55,38 @@ func (b *batchConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// Read reads from the socket and re-arms quick ACKs (see setQuickAck) if a batch
-// was written since they were last armed: Linux goes back to delaying ACKs when
-// we send, and stays in quick mode until then, so arming them on every read would
-// be a wasted syscall most of the time.
+// Read is how crypto/tls reads. Once readAhead gave it a buffer, it reads the
+// socket through it: crypto/tls asks for a record header, then for the record,
+// and reads at most a little more than it asks for (its input buffer grows only
+// to the largest record), so answers that came together would cost a read(2)
+// each, or one per few; through the buffer, whatever the socket holds (up to
+// its size) is taken in one.
 func (b *batchConn) Read(p []byte) (int, error) {
+	if b.ahead == nil {
+		return b.readSocket(p)
+	}
+	n, err := b.ahead.Read(p)
+	b.aheadN.Store(int32(b.ahead.Buffered()))
+	return n, err
+}
+
+// readAhead makes Read go through r (reset to read the socket), from the
+// reader's first read on; the handshake read the socket directly.
+func (b *batchConn) readAhead(r *bufio.Reader) {
+	r.Reset(socketReader{b})
+	b.ahead = r
+}
+
+// socketReader is the socket, as the read-ahead buffer reads it.
+type socketReader struct{ b *batchConn }
+
+func (s socketReader) Read(p []byte) (int, error) { return s.b.readSocket(p) }
+
+// readSocket is one read(2) on the socket. It re-arms quick ACKs (see
+// setQuickAck) if a batch was written since they were last armed: Linux goes
+// back to delaying ACKs when we send, and stays in quick mode until then, so
+// arming them on every read would be a wasted syscall most of the time.
+func (b *batchConn) readSocket(p []byte) (int, error) {
 	n, err := b.Conn.Read(p)
 	if f := b.flushes.Load(); n > 0 && b.rc != nil && f != b.acked {
 		b.acked = f
@@ -113,6 +147,9 @@ func (b *batchConn) kill() {
 // connection that read nothing for a while is not waiting for its server, its
 // reader is behind (this process is short of CPU).
 func (b *batchConn) unread() bool {
+	if b.aheadN.Load() > 0 {
+		return true // read from the socket, not yet by TLS
+	}
 	if b.rc == nil {
 		return false
 	}

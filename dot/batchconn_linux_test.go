@@ -1,9 +1,14 @@
 package dot
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
+	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -218,5 +223,102 @@ func awaitReadable(t *testing.T, c net.Conn) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("No bytes came into the socket within 5 s")
+	}
+}
+
+// Answers that came together are read with one read(2): crypto/tls alone reads
+// a record header, then the record, and little more than it asks for. The
+// server writes ten TLS records in one write (a batchConn batch); once they are
+// all in the client's socket, the client's TLS takes them with one socket read
+// through the read-ahead buffer, and unread sees what TLS has not taken yet.
+func TestReadAheadTakesQueuedRecordsInOneRead(t *testing.T) {
+	const records, size = 10, 300
+	client, server := tcpPair(t)
+	cert, err := dottest.NewCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, cc := &countingConn{Conn: server}, &countingConn{Conn: client}
+	sbc, cbc := &batchConn{Conn: sc}, &batchConn{Conn: cc, rc: rawConn(t, client)}
+	stls, ctls := tls.Server(sbc, cert.ServerTLS()), tls.Client(cbc, cert.ClientTLS(dottest.ServerName))
+	errs := make(chan error, 1)
+	go func() { errs <- stls.Handshake() }()
+	if err := ctls.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	cbc.readAhead(bufio.NewReaderSize(nil, readAheadSize))
+
+	sbc.begin()
+	for i := range records {
+		if _, err := stls.Write(bytes.Repeat([]byte{byte(i)}, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sbc.flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Everything the server wrote and the client has not read (the records,
+	// and TLS 1.3's session tickets, sent after the handshake) is in the socket.
+	awaitUnread(t, client, int(sc.written.Load()-cc.read.Load()))
+
+	before := cc.reads.Load()
+	buf := make([]byte, size)
+	for i := range records {
+		if _, err := io.ReadFull(ctls, buf); err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		if buf[0] != byte(i) {
+			t.Fatalf("record %d holds %d", i, buf[0])
+		}
+		if i == 0 && !cbc.unread() {
+			t.Error("unread = false with nine records read ahead and not taken by TLS")
+		}
+	}
+	if n := cc.reads.Load() - before; n != 1 {
+		t.Errorf("the client read the socket %d times for %d records that were all there: want 1", n, records)
+	}
+	if cbc.unread() {
+		t.Error("unread = true once every record was taken")
+	}
+}
+
+// countingConn counts the reads of its connection and the bytes read from and
+// written to it.
+type countingConn struct {
+	net.Conn
+	reads         atomic.Int64
+	read, written atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	c.reads.Add(1)
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.written.Add(int64(n))
+	return n, err
+}
+
+// awaitUnread waits, through the runtime's poller and without reading, until
+// c's socket holds at least n bytes, or fails the test after 5 s.
+func awaitUnread(t *testing.T, c net.Conn, n int) {
+	t.Helper()
+	rc := rawConn(t, c)
+	done := make(chan error, 1)
+	go func() { done <- rc.Read(func(fd uintptr) bool { return unreadBytes(fd) >= n }) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Waiting for %d bytes in the socket: %v", n, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("The socket holds fewer than %d bytes after 5 s", n)
 	}
 }

@@ -64,7 +64,8 @@ func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 	now := nanotime()
 	bufs := p.bufs.Get().(*connBufs)
 	bufs.br.Reset(tc)
-	bc.buf = bufs.bbuf[:0] // not yet shared: the handshake wrote outside a batch
+	bc.buf = bufs.bbuf[:0]   // not yet shared: the handshake wrote outside a batch
+	bc.readAhead(bufs.ahead) // before the reader starts
 	c := &conn{
 		pool:       p,
 		tc:         tc,
@@ -89,12 +90,19 @@ func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 // dozen queries, allocating them anew for each was a tenth of all allocation.
 type connBufs struct {
 	br    *bufio.Reader
-	wbuf  []byte  // conn.wbuf
-	bbuf  []byte  // batchConn.buf
-	batch []*call // the writer's batch
+	ahead *bufio.Reader // batchConn.ahead
+	wbuf  []byte        // conn.wbuf
+	bbuf  []byte        // batchConn.buf
+	batch []*call       // the writer's batch
 }
 
-func newConnBufs() any { return &connBufs{br: bufio.NewReaderSize(nil, 16<<10)} }
+func newConnBufs() any {
+	return &connBufs{br: bufio.NewReaderSize(nil, 16<<10), ahead: bufio.NewReaderSize(nil, readAheadSize)}
+}
+
+// readAheadSize is the most the reader takes from the socket in one read(2): a
+// few dozen answers, what a full connection's burst of queries brings back.
+const readAheadSize = 16 << 10
 
 // loopDone is called by each of the connection's two goroutines as it exits;
 // the last one gives the buffers back, which nothing uses any more.
@@ -104,6 +112,8 @@ func (c *conn) loopDone() {
 	}
 	b := c.bufs
 	b.br.Reset(nil)
+	b.ahead.Reset(nil)
+	c.bc.ahead = nil // nothing reads any more; a stray read goes to the (closed) socket
 	b.wbuf = c.wbuf[:0]
 	c.bc.mu.Lock()
 	b.bbuf, c.bc.buf = c.bc.buf[:0], nil
