@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/miekg/dns"
 )
@@ -292,7 +293,9 @@ func rewriteOPT(wire []byte, block int, keepalive bool) ([]byte, bool, error) {
 			pad = 0 // padding never pushes the query past the limit
 		}
 		binary.BigEndian.PutUint16(wire[len(wire)-2:], uint16(pad))
-		wire = append(wire, make([]byte, pad)...)
+		end := len(wire)
+		wire = slices.Grow(wire, pad)[:end+pad] // in the query's room when it fits
+		clear(wire[end:])
 	}
 	binary.BigEndian.PutUint16(wire[2+optAt:], uint16(len(wire)-2-optAt-2))
 	return wire, clientOPT, nil
