@@ -24,7 +24,8 @@ func floorMode(mode string) string {
 }
 
 // addFloor sets every summary's CPU per query × its floor's, where the floor ran
-// in the same kind of run; NaN where it did not (the latency phase skips whoami).
+// in the same kind of run (the latency phase runs whoami at the same offered
+// rate: the floor at equal load); NaN where it did not.
 func addFloor(ss []Summary) {
 	for i := range ss {
 		s := &ss[i]

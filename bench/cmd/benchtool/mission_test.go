@@ -113,3 +113,19 @@ func TestWriteMission(t *testing.T) {
 		t.Errorf("throughput table lacks the × whoami column (%q):\n%s", want, b.String())
 	}
 }
+
+// The latency phase runs whoami at the same offered rate as the forwarders: its
+// table divides each mode's CPU per query by that whoami's, the floor at equal
+// load, and by no other kind's.
+func TestLatencyFloorColumn(t *testing.T) {
+	runs := append(floorRuns(), Run{Kind: "latency", Mode: "whoami", Round: 1, QPS: 500, CPUusPerQuery: 40, OfferedQPS: 500})
+	ss := summarize(runs)
+	if s := find(ss, "latency", "dotforward", 0); s == nil || !near(s.CPUxFloor, 0.75) {
+		t.Fatalf("latency dotforward: × whoami = %+v, want 0.75 (30 over the latency whoami's 40)", s)
+	}
+	var b strings.Builder
+	writeLatency(&b, ss)
+	if want := "| 30.0 | 0.75 |"; !strings.Contains(b.String(), want) {
+		t.Errorf("latency table lacks the × whoami column (%q):\n%s", want, b.String())
+	}
+}
