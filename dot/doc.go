@@ -29,7 +29,7 @@
 //   - writer.go, reader.go: a connection's two goroutines.
 //   - records.go: how a batch of queries is framed into TLS records, and the trial.
 //   - batchconn.go: the socket under TLS: one write per batch, the write deadline
-//     (armed ahead, see armLocked), quick ACKs.
+//     (armed ahead, see armLocked), quick ACKs, the read ahead of TLS.
 //   - sweep.go: the pool's timer: every tick (fast while queries are out) the
 //     watch for blocked connections and the sizing; every sweepInterval timeouts,
 //     tombstones, stall, drain, idle, and learning.
