@@ -27,7 +27,7 @@ import (
 // Caps of connections that take new queries when Config.MaxConns is 0 (auto).
 const (
 	AutoMaxConnsOutOfOrder = 4   // out of order or not known: few, full connections
-	AutoMaxConnsInOrder    = 128 // in order: as many as the load needs, up to this
+	AutoMaxConnsInOrder    = 1024 // in order: as many as the load needs, up to this (forward has no cap at all)
 )
 
 const (
@@ -273,14 +273,22 @@ func (p *Pool) countsTowardCap(a avail) bool {
 // and one more for each connection near its end (a server that cuts
 // connections after a few dozen queries needs successors faster than one
 // handshake at a time gives them) and for each connection the load is short of.
+//
+// maxParallelDials gives way to what the load is short of (shortfall and
+// connections near their end) when each connection serves few queries: in
+// order (one at a time) or under a learned query limit. forward dials one
+// connection for each query that finds none idle, all at once; a pool that
+// dialled four at a time would serve a server cutting every connection after
+// six queries, or an in-order one under a burst, far less.
 func (p *Pool) dialLimitLocked(ending int) int {
+	short := ending + int(p.shortfall.Load())
 	switch {
 	case p.redial.strikes > 0:
 		return 1
-	case p.learned.mode.get() == ModeInOrder:
-		return maxParallelDials
+	case p.learned.mode.get() == ModeInOrder || p.learned.limit.get() != 0:
+		return max(maxParallelDials, short)
 	}
-	return min(1+ending+int(p.shortfall.Load()), maxParallelDials)
+	return min(1+short, maxParallelDials)
 }
 
 // sizer is the sweeper's view of the load, for sizing the pool. Sweeper only.
