@@ -154,3 +154,26 @@ func TestServeModeCrowded(t *testing.T) {
 	m.mean.Store(int64(20 * time.Millisecond))
 	step(evidence{busy: 10, busySlow: 10}, 0, ModeInOrder) // it would: no bar
 }
+
+// A cut after fewer than minLearnedLimit answers teaches a limit only when
+// the cut before it came after as many (give or take one): a server that
+// restarts cuts its connections after any number, one that counts queries
+// after the same each time.
+func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
+	c := newBareConn(t, 64)
+	p := c.pool
+	for _, step := range []struct {
+		served int
+		want   int32
+	}{
+		{6, 0},  // the first small cut: maybe a restart
+		{11, 0}, // unlike the last: still no policy
+		{10, 9}, // like the last (11, give or take one): a limit, one below the cut
+		{6, 9},  // unlike the last: the limit in force stays
+	} {
+		p.learnLimit(CloseServer, step.served, 1)
+		if got := p.learned.limit.get(); got != step.want {
+			t.Fatalf("After a cut at %d answers the limit is %d, want %d", step.served, got, step.want)
+		}
+	}
+}

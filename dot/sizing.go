@@ -26,7 +26,7 @@ import (
 
 // Caps of connections that take new queries when Config.MaxConns is 0 (auto).
 const (
-	AutoMaxConnsOutOfOrder = 4   // out of order or not known: few, full connections
+	AutoMaxConnsOutOfOrder = 4    // out of order or not known: few, full connections
 	AutoMaxConnsInOrder    = 1024 // in order: as many as the load needs, up to this (forward has no cap at all)
 )
 
@@ -46,7 +46,7 @@ const (
 	// inOrderSpares is how many connections with nothing outstanding an in-order
 	// pool keeps ready, so that a query finds one even while the sweeper has not
 	// yet seen that a busy connection is stuck behind a slow answer.
-	inOrderSpares = 1
+	inOrderSpares = 0
 	// orderCheckEvery: one query in this many goes behind another on an
 	// in-order upstream, to see whether it still answers in order (orderCheckConn).
 	orderCheckEvery = 256
@@ -152,8 +152,8 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			}
 			l := c.load.Load()
 			if l == 0 && !c.nearEnd.Load() { // near its end: taking, but no spare
-				if idle++; idle > inOrderSpares {
-					break // the spares are left after this one
+				if idle++; idle > inOrderSpares && best != nil && load == 0 {
+					break // an idle one is taken, and the spares are left after it
 				}
 			}
 			// The least loaded; among busy ones, the one written to last: a
@@ -168,6 +168,12 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
+		if idle == 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
+			// No connection is idle: as forward does, the query waits for a
+			// new one rather than go behind a busy one, but takes the first
+			// that becomes idle if that is sooner (acquireSlow).
+			return nil
+		}
 		if best == nil {
 			return nil
 		}
@@ -179,6 +185,18 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		}
 	}
 	return nil
+}
+
+// dialForWaiter starts a dial for an in-order query that found no idle
+// connection, and reports whether one is under way (its own or another's
+// that has fewer waiters than dials), so that the query may wait for it.
+func (p *Pool) dialForWaiter() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.startDialLocked(0) {
+		return true
+	}
+	return p.dials > 0 && int(p.waiters.Load()) < p.dials
 }
 
 // orderCheckConn returns a connection with one query outstanding, written within
@@ -285,7 +303,9 @@ func (p *Pool) dialLimitLocked(ending int) int {
 	switch {
 	case p.redial.strikes > 0:
 		return 1
-	case p.learned.mode.get() == ModeInOrder || p.learned.limit.get() != 0:
+	case p.learned.mode.get() == ModeInOrder:
+		return max(maxParallelDials, short, int(p.waiters.Load())+1)
+	case p.learned.limit.get() != 0:
 		return max(maxParallelDials, short)
 	}
 	return min(1+short, maxParallelDials)
