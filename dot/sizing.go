@@ -122,6 +122,12 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		if best == nil {
 			// Every connection with room is quiet: its queries may wait
 			// behind a slow one, so the next connection is dialled now.
+			// Unknown, the query waits for it (or for the first
+			// connection to read again), as forward would; known out
+			// of order, it goes to the least loaded quiet one.
+			if quiet != nil && cl.avoid == nil && p.cfg.MaxConns == 0 && p.slowUnknown() && p.dialForWaiter() {
+				return nil
+			}
 			best, load, more = quiet, quietLoad, true
 		}
 		if best == nil {
@@ -187,16 +193,17 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	return nil
 }
 
-// dialForWaiter starts a dial for an in-order query that found no idle
-// connection, and reports whether one is under way (its own or another's
-// that has fewer waiters than dials), so that the query may wait for it.
+// dialForWaiter is for a query that found no connection it should go on
+// (pickIdle, pickInTurn): it reports whether a dial is under way for it, one
+// per waiting query (those in acquireSlow, this one included when it waits
+// again), starting one if there are fewer, so that the query may wait.
 func (p *Pool) dialForWaiter() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.startDialLocked(0) {
+	if p.dials > 0 && int(p.waiters.Load()) <= p.dials {
 		return true
 	}
-	return p.dials > 0 && int(p.waiters.Load()) < p.dials
+	return p.startDialLocked(0, true)
 }
 
 // orderCheckConn returns a connection with one query outstanding, written within
@@ -223,7 +230,7 @@ func (p *Pool) dialNow() { p.dialUpTo(0) }
 // sweeper's snapshot of the connections may miss one that a dial just added.
 func (p *Pool) dialUpTo(want int) {
 	p.mu.Lock()
-	p.startDialLocked(want)
+	p.startDialLocked(want, false)
 	p.mu.Unlock()
 }
 
@@ -231,8 +238,10 @@ func (p *Pool) dialUpTo(want int) {
 // no closing connection's verdict is pending, the backoff allows it, fewer
 // dials than dialLimit run, the connections that take queries (with those being
 // dialled) are under the cap (and, in order, under what the load needs), and
-// all open ones are under maxOpen. It reports whether it started one.
-func (p *Pool) startDialLocked(want int) bool {
+// all open ones are under maxOpen. waiter: the dial is for a query that waits
+// for a connection of its own (see dialLimitLocked). It reports whether it
+// started one.
+func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
 	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
@@ -240,11 +249,13 @@ func (p *Pool) startDialLocked(want int) bool {
 	}
 	conns := *p.conns.Load()
 	n := countConns(conns)
-	taking := n.steady()
-	if p.countsTowardCap(availBlocked) {
-		taking += n.n[availBlocked]
+	taking := n.n[availTaking]
+	for _, a := range [...]avail{availQuiet, availBlocked} {
+		if p.countsTowardCap(a) {
+			taking += n.n[a]
+		}
 	}
-	if p.dials >= p.dialLimitLocked(n.n[availNearEnd]) {
+	if p.dials >= p.dialLimitLocked(n.n[availNearEnd], waiter) {
 		return false
 	}
 	capConns := p.capConns()
@@ -277,8 +288,15 @@ func (p *Pool) startDialLocked(want int) bool {
 // machine).
 func (p *Pool) countsTowardCap(a avail) bool {
 	switch a {
-	case availTaking, availQuiet:
+	case availTaking:
 		return true
+	case availQuiet:
+		// Unknown, a slow upstream's quiet connection may hold its
+		// queries for a whole answer time each (see unknownQuiet): more
+		// connections help. Not yet timed, the first answer may as well
+		// be a fast upstream's, late once (a slow query first, a pause):
+		// the cap holds until it is.
+		return p.cfg.MaxConns > 0 || !p.slowUnknown() || p.learned.mode.usual.Load() == 0
 	case availBlocked:
 		m := &p.learned.mode
 		return p.cfg.MaxConns > 0 || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
@@ -298,14 +316,16 @@ func (p *Pool) countsTowardCap(a avail) bool {
 // connection for each query that finds none idle, all at once; a pool that
 // dialled four at a time would serve a server cutting every connection after
 // six queries, or an in-order one under a burst, far less.
-func (p *Pool) dialLimitLocked(ending int) int {
+func (p *Pool) dialLimitLocked(ending int, waiter bool) int {
 	short := ending + int(p.shortfall.Load())
 	switch {
 	case p.redial.strikes > 0:
 		return 1
-	case p.learned.mode.get() == ModeInOrder:
+	case waiter:
+		// A query that waits for a connection of its own (dialForWaiter):
+		// one dial per waiting query, as forward would.
 		return max(maxParallelDials, short, int(p.waiters.Load())+1)
-	case p.learned.limit.get() != 0:
+	case p.learned.mode.get() == ModeInOrder || p.learned.limit.get() != 0:
 		return max(maxParallelDials, short)
 	}
 	return min(1+short, maxParallelDials)

@@ -93,6 +93,8 @@ func (c *conn) closeCauseLocked(now int64, oldest, next *call, idle time.Duratio
 		return closeCause{errDrainStuck, c.drainFor}
 	case c.drainedLocked() >= 0:
 		return closeCause{errDrained, c.drainFor}
+	case c.rescuedOnlyLocked():
+		return closeCause{errRescuedOnly, CloseDrain}
 	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(idle):
 		return closeCause{errIdle, CloseIdle}
 	}
@@ -138,9 +140,27 @@ func earliest(oldest, next, cl *call) (*call, *call) {
 	return oldest, next
 }
 
+// rescuedOnlyLocked reports whether an in-order upstream's connection has
+// nothing outstanding but queries answered elsewhere (rescued, or given up):
+// the upstream serves them one at a time, for nobody, and the connection
+// takes no query until they are all answered. Closing it ends that work.
+// c.mu must be held.
+func (c *conn) rescuedOnlyLocked() bool {
+	if len(c.calls) == 0 || c.pool.learned.mode.get() != ModeInOrder {
+		return false
+	}
+	for _, cl := range c.calls {
+		if cl.tombUntil == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 var (
-	errIdle       = errors.New("connection idle")
-	errDrainStuck = errors.New("draining connection stopped answering")
+	errRescuedOnly = errors.New("in order, only queries answered elsewhere outstanding")
+	errIdle        = errors.New("connection idle")
+	errDrainStuck  = errors.New("draining connection stopped answering")
 )
 
 // drainQuiet is how long a draining connection may go without any answer while
