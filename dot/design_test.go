@@ -33,6 +33,8 @@ func TestDesignNumbers(t *testing.T) {
 		"maxReplays":               maxReplays,
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
+		"unknownSlow":              unknownSlow,
+		"unknownQuietFloor":        unknownQuietFloor,
 		"rescueShare":              rescueShare,
 		"maxRescueBurst":           maxRescueBurst,
 		"maxParallelDials":         maxParallelDials,

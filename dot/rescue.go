@@ -166,21 +166,23 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 // unknownQuiet is how long a connection with a query outstanding may read
 // nothing before it is quiet (takes new queries last) while the mode is
 // unknown and the upstream is slow or not yet timed (its usual answer time is
-// unknownSlow or more, or none yet): that usual time and unknownQuietFloor
-// more (never, otherwise). Until the pool knows how such an upstream serves a
-// connection, a query put behind one that has gone unanswered that long may
-// wait for all of it, as on an in-order upstream: it goes to another
-// connection, dialled for it (quiet ones do not count toward the cap while the
-// mode is unknown, see countsTowardCap), as forward would send it. A fast
-// upstream that pauses now and then (unbound on a busy machine) pauses every
-// connection alike, so that more would not help: its connections are not made
-// quiet this way.
+// unknownSlow or more, or none yet): unknownQuietFloor (never, otherwise).
+// Until the pool knows how such an upstream serves a connection, a query put
+// behind one that has gone unanswered that long may wait for all of it, as on
+// an in-order upstream: it goes to another connection, dialled for it (quiet
+// ones do not count toward the cap then, see countsTowardCap), as forward
+// would send it. On a slow upstream that costs no time, only connections, and
+// never more than forward opens; queries that came together still share one,
+// and show by their order whether the upstream serves them side by side. A
+// fast upstream that pauses now and then (unbound on a busy machine) pauses
+// every connection alike, so that more would not help: once timed fast, its
+// connections are not made quiet this way.
 func (p *Pool) unknownQuiet(mode Mode) int64 {
 	u := p.learned.mode.usual.Load()
 	if mode != ModeUnknown || u != 0 && u < int64(unknownSlow) {
 		return math.MaxInt64
 	}
-	return u + int64(unknownQuietFloor)
+	return int64(unknownQuietFloor)
 }
 
 // slowUnknown reports whether the mode is unknown and the upstream slow or
@@ -190,8 +192,8 @@ func (p *Pool) slowUnknown() bool {
 }
 
 const (
-	// unknownQuietFloor: see unknownQuiet. The property test's p99 allows
-	// the pool 5 ms more than forward.
+	// unknownQuietFloor: see unknownQuiet. The property test allows the
+	// pool a p99 5 ms above forward's.
 	unknownQuietFloor = 5 * time.Millisecond
 	// unknownSlow: see unknownQuiet.
 	unknownSlow = 10 * time.Millisecond

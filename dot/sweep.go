@@ -200,7 +200,10 @@ func (p *Pool) sweepLoop() {
 		}
 		p.size(now, reads, conns, sweep)
 		d := full
-		if busy {
+		switch {
+		case busy && p.slowUnknown():
+			d = minWatchInterval // a quiet connection is seen within a few ms (see unknownQuiet)
+		case busy:
 			d = min(max(time.Duration(p.rescueDelay()/4), minWatchInterval), full)
 		}
 		p.idleTicks.Store(!busy) // before the reset: a query registered from now on kicks
