@@ -259,7 +259,9 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 		return false
 	}
 	capConns := p.capConns()
-	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 {
+	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 && !waiter {
+		// What the load needs, as the sweeper last saw it; a query that
+		// waits for a connection of its own is what the load needs now.
 		capConns = min(capConns, max(int(p.needed.Load()), 1))
 	}
 	if want > 0 {
