@@ -17,6 +17,7 @@ func TestCensus(t *testing.T) {
 		conns = append(conns, o)
 	}
 	conns[1].quietAt.Store(conns[1].reads.Load() + 1)
+	conns[1].load.Store(1) // quiet only while a query is outstanding
 	conns[2].nearEnd.Store(true)
 	conns[3].blockedAt.Store(conns[3].reads.Load() + 1)
 	conns[4].mu.Lock()

@@ -30,7 +30,7 @@ type Config struct {
 	// draining, not blocked behind a slow answer). Default 0, auto: the pool
 	// sizes itself to how the upstream serves a connection (see Mode), with at
 	// most AutoMaxConnsOutOfOrder (4) connections if it answers out of order
-	// or is not known to answer in order, and at most AutoMaxConnsInOrder (128)
+	// or is not known to answer in order, and at most AutoMaxConnsInOrder (1024)
 	// if it answers a connection's queries one at a time, in order.
 	MaxConns int
 	// MaxInflight caps queries outstanding on one connection, tombstones included.

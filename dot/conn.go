@@ -305,12 +305,14 @@ func (c *conn) blocked() bool {
 }
 
 // quiet reports whether the sweeper found c reading nothing for the rescue
-// delay while queries wait behind another, and it has read nothing since:
-// nothing shows yet that they are blocked (see rescue.go), but a query put
-// there may be, so one goes there only if no other connection has room.
+// delay while queries wait behind another (or, the mode unknown, for
+// unknownQuiet while one is outstanding), it has read nothing since, and
+// something is still outstanding: nothing shows yet that they are blocked (see
+// rescue.go), but a query put there may be, so one goes there only if no
+// other connection has room.
 func (c *conn) quiet() bool {
 	q := c.quietAt.Load()
-	return q != 0 && q == c.reads.Load()+1
+	return q != 0 && q == c.reads.Load()+1 && c.load.Load() > 0
 }
 
 // takes reports whether a connection in state a takes new queries.

@@ -139,7 +139,7 @@ func TestUnusedConnectionClosedByServerIsNoFailure(t *testing.T) {
 	s := dottest.Start(t, dottest.Options{})
 	p, rec := newTestPool(t, s, func(c *Config) { c.Backoff = Backoff{Base: time.Hour} })
 	p.mu.Lock()
-	p.startDialLocked(0)
+	p.startDialLocked(0, false)
 	p.mu.Unlock()
 	// The server's handshake too: closed before it read the client's Finished,
 	// the connection would be reset, not closed.

@@ -4,10 +4,12 @@
 // Each connection carries up to MaxInflight queries at once; answers may come back
 // in any order and are matched by a connection-local message ID and the question.
 // A query whose connection dies before it was written moves to another connection;
-// one that was written is replayed once (RFC 7766 §6.2.4). The pool learns how the
+// one that was written is replayed (RFC 7766 §6.2.4). The pool learns how the
 // upstream serves a connection (its mode): out of order, a few full connections
 // carry any load; in order, a query waits for every one before it, so each goes to
-// an idle connection and there are as many as the load needs (sizing.go). A query
+// an idle connection, or waits for one dialled for it, as forward does, and there
+// are as many as the load needs (sizing.go). Until it knows, a slow upstream is
+// served that way too: on it, that costs no time. A query
 // shown stuck behind a slow answer (not merely slow) is sent once more
 // elsewhere (rescue.go). The package knows nothing of CoreDNS: it takes and
 // returns *dns.Msg. Every number and heuristic named here, and why it is what
@@ -51,11 +53,13 @@
 //     slot and ID stay taken until the late answer arrives or TombstoneTTL passes,
 //     so that the late answer cannot reach a newer query.
 //   - move: a call that was never written goes to another connection at no cost.
-//   - replay: a written call whose connection died is sent once more elsewhere.
+//   - replay: a written call whose connection died is sent once more elsewhere
+//     (up to maxReplays times, while the pool learns a server's query limit).
 //   - drain: a connection takes no new calls and closes once its last answer is in.
 //   - stall: a connection that reads nothing while queries wait (see sweep.go).
 //   - query limit: the calls a server serves on one connection before it cuts it,
-//     learned from its cuts; connections drain before reaching it.
+//     learned from its cuts (one at 16 answers or more, else two like ones in a
+//     row); connections drain before reaching it.
 //   - record verdict: whether the upstream reads every query of a TLS record
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order
@@ -78,8 +82,11 @@
 //     answers came queued behind others lately, a query written after it was
 //     answered, or it has waited four mean answer times); it takes no new query.
 //   - quiet: a connection that has read nothing for the rescue delay while
-//     queries wait behind an older one, not (yet) shown blocked: it takes new
-//     queries only when no other connection has room.
+//     queries wait behind an older one, not (yet) shown blocked; or, the mode
+//     unknown and the upstream slow or not yet timed, one that has read
+//     nothing for unknownQuietFloor with a query out: it takes new queries
+//     only when no other connection has room (and, in the second case, none
+//     can be dialled for them: the query waits for one, as forward would).
 //   - rescue: a query stuck on a blocked connection is sent once more on another
 //     (idle) connection; the first answer of the two attempts wins (firstOfTwo),
 //     the other is given up and its late answer dropped (reason rescued). A

@@ -40,7 +40,7 @@ func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.T
 }
 
 // exchange runs q's attempts: moves to another connection, a rescue from a
-// blocked one, and one replay (a query is written twice at most).
+// blocked one, and replays (see replayable).
 func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, error) {
 	for moves := 0; ; {
 		cl := p.newCall(ctx, q, deadline)
@@ -66,8 +66,9 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 			return nil, wrap(res.err, context.DeadlineExceeded)
 		case errors.Is(res.err, errUnsent) && moves < p.capConns():
 			moves++ // never written: another connection, at no cost
-		case !q.resent && p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
-			q.resent = true // a query is written twice at most: no rescue or replay after this
+		case p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
+			q.resent = true // no rescue after a replay
+			q.replays++
 			p.obs.Replayed()
 		case errors.Is(res.err, errUnsent):
 			return nil, wrap(ErrConnLost, res.err)
@@ -79,12 +80,20 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 
 // replayable reports whether a query whose written attempt failed may be sent again:
 // only a plain QUERY (idempotent), only if its connection had answered before (a
-// connection that never answered tells nothing good about the next one), and only if
-// the caller still has time.
+// connection that never answered tells nothing good about the next one), only if
+// the caller still has time, and at most maxReplays times; a rescued query is
+// not replayed (it was written twice already). A server that cuts connections
+// after a few queries cuts the replay's too until the pool learns its limit
+// (two cuts, see queryLimit.learn): forward, which takes another connection
+// whenever a reused one was cut, answers those queries, so the pool must.
 func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	var lost *connLostError
-	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil
+	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil &&
+		q.replays < maxReplays && (q.replays > 0 || !q.resent)
 }
+
+// maxReplays is how often a query is replayed at most.
+const maxReplays = 3
 
 // respChans recycles calls' result channels, one pool per Pool (so that a
 // channel never outlives its Pool's synctest bubble in tests). A call's channel is

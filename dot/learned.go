@@ -23,11 +23,14 @@ const learnedTTL = 10 * time.Minute
 type queryLimit struct {
 	n     atomic.Int32
 	until atomic.Int64 // unix ns until which n holds
+	small int          // guarded by Pool.mu: the answers before the last cut under minLearnedLimit
 }
 
-// minLearnedLimit is the fewest answers after which a server's cut teaches a
-// query limit: fewer is more likely a fault than a policy, and a tiny limit would
-// mean a handshake every few queries.
+// minLearnedLimit is the fewest answers after which one cut of a server
+// teaches a query limit. Fewer is as likely a fault (a restart) as a policy,
+// and a limit that low costs a handshake every few queries: it is learned
+// only when two cuts in a row came after the same number of answers (give or
+// take one), which a restart does not do and a policy does.
 const minLearnedLimit = 16
 
 // get returns the limit in force, or 0.
@@ -62,8 +65,17 @@ func (l *queryLimit) learn(answered int) int32 {
 // runs before the dead connection's queries are moved or replayed, so that the
 // connections they go to already respect the limit.
 func (p *Pool) learnLimit(reason CloseReason, served, outstanding int) {
-	if reason != CloseServer || outstanding == 0 || served < minLearnedLimit {
+	if reason != CloseServer || outstanding == 0 || served < 2 {
 		return
+	}
+	if served < minLearnedLimit {
+		p.mu.Lock()
+		last := p.learned.limit.small
+		p.learned.limit.small = served
+		p.mu.Unlock()
+		if served < last-1 || served > last+1 {
+			return // the first such cut, or one unlike the last: not yet a policy
+		}
 	}
 	if limit := p.learned.limit.learn(served); limit != 0 {
 		// The connections opened with this one are as old and about to be cut
@@ -165,6 +177,7 @@ type answerLog struct {
 	lastAt       int64  // unix ns of the previous answer
 	lastSent     int64  // unix ns when the previous answer's call was written
 	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
+	usual        int64  // the usual answer time when last collected (0: none yet), see noteBusy
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
 	// newestSent is the write time (unix ns) of the latest-written call
 	// answered on the connection: written under conn.mu, read by the sweeper
@@ -231,15 +244,62 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 		l.aloneSum += t
 		l.aloneN++
 	case seq == l.lastSeq+1 && sentAt != 0:
-		l.busy++
-		if now-l.lastAt >= int64(serialGap) {
-			l.busySlow++
-		} else if l.lastSent != 0 && sentAt-l.lastSent >= int64(minRescueDelay) {
-			l.queued++
-		}
+		l.noteBusy(now-l.lastAt, sentAt-l.lastSent, now-sentAt)
 	}
 	l.lastSeq, l.lastAt, l.lastSent = seq, now, sentAt
 }
+
+// noteBusy records an answer to a call that was waiting when the previous
+// answer came, gap after that answer, written sendGap after the previous
+// answer's call (meaningless if that was not written: lastSent 0).
+//
+// An upstream that serves a connection's queries one at a time answers such a
+// call a whole service time after the one before, however soon after it the
+// call was written: the gap exceeds the send gap (busySlow). One that serves
+// them side by side, each in the same time, answers them as far apart as they
+// were written: a uniformly slow upstream gives gaps equal to the send gaps,
+// which is no evidence of anything. A slow gap weighs more the longer it is
+// (slowWeight): a query waiting a whole 100 ms service time behind another is
+// what in order costs, and one such sample says as much as many of a
+// millisecond; so an upstream that answers a few queries a second is learned
+// in order from a few answers, not from seconds of them.
+//
+// When queries come about one service time apart, the gap and the send gap
+// are alike either way; then the answer's own time tells: one that waited
+// behind another took that much longer than the usual answer time of a query
+// alone on its connection (usual, 0 if none yet). excess is the larger of the
+// two measures of the wait.
+func (l *answerLog) noteBusy(gap, sendGap, took int64) {
+	if l.lastSent == 0 {
+		sendGap = 0
+	}
+	excess := gap - max(sendGap, 0)
+	if l.usual > 0 {
+		excess = max(excess, took-l.usual)
+	}
+	switch {
+	case gap >= int64(serialGap) && excess >= int64(serialGap):
+		w := slowWeight(excess)
+		l.busy += w
+		l.busySlow += w
+	case gap < int64(serialGap) && sendGap >= int64(minRescueDelay):
+		l.busy++
+		l.queued++
+	default:
+		l.busy++
+	}
+}
+
+// slowWeight is what a slow gap of excess (the gap beyond the send gap)
+// weighs as evidence of in order: one per slowWeightUnit, one at least and
+// minSlowEvidence at most (so that one gap suffices only when it is
+// minSlowEvidence units long).
+func slowWeight(excess int64) float64 {
+	return min(max(float64(excess)/float64(slowWeightUnit), 1), minSlowEvidence)
+}
+
+// slowWeightUnit: a slow gap weighs one per this much of it (see slowWeight).
+const slowWeightUnit = 8 * time.Millisecond
 
 // collect returns and clears what was noted since the last collect.
 func (l *answerLog) collect() answerStats {

@@ -53,7 +53,9 @@ func TestAnswerLog(t *testing.T) {
 	l.note(5, 20*ms, 21*ms, true)  // alone
 	l.note(6, 20*ms, 90*ms, false) // late: its caller gave up; not in the mean
 	st := l.collect()
-	want := evidence{inversions: 1, busy: 2, busySlow: 2}
+	// Two slow gaps: 3 ms after a call written 1 ms after the previous one
+	// (2 ms beyond its send gap: weight 1), and 69 ms (weight minSlowEvidence).
+	want := evidence{inversions: 1, busy: 1 + minSlowEvidence, busySlow: 1 + minSlowEvidence}
 	// A queued answer: written 20 ms after the previous one, it came with it.
 	q := answerLog{}
 	q.note(1, 10*ms, 40*ms, true)
@@ -61,6 +63,15 @@ func TestAnswerLog(t *testing.T) {
 	q.note(3, 31*ms, 40*ms, true) // written 1 ms after: as slow as the previous, no evidence
 	if st := q.collect(); st.queued != 1 || st.busy != 2 || st.busySlow != 0 {
 		t.Errorf("Evidence %+v, want 2 busy answers, 1 queued behind the previous", st.evidence)
+	}
+	// A uniformly slow upstream serving side by side: every answer 300 ms
+	// after its call, the calls written 4 ms apart, answered 4 ms apart.
+	u := answerLog{}
+	for i := range int64(10) {
+		u.note(uint32(i+1), (10+4*i)*ms, (310+4*i)*ms, true)
+	}
+	if st := u.collect(); st.busy != 9 || st.busySlow != 0 || st.queued != 0 {
+		t.Errorf("Uniformly slow: evidence %+v, want 9 busy answers, none slow or queued", st.evidence)
 	}
 	if st.evidence != want || st.aloneN != 2 || st.aloneSum != 3*ms {
 		t.Errorf("Evidence %+v, alone %d answers taking %v in all; want %+v, 2 answers taking 3ms", st.evidence, st.aloneN, time.Duration(st.aloneSum), want)
@@ -142,4 +153,27 @@ func TestServeModeCrowded(t *testing.T) {
 	step(evidence{busy: 10, busySlow: 10}, 0, ModeUnknown) // in order would not halve the wait
 	m.mean.Store(int64(20 * time.Millisecond))
 	step(evidence{busy: 10, busySlow: 10}, 0, ModeInOrder) // it would: no bar
+}
+
+// A cut after fewer than minLearnedLimit answers teaches a limit only when
+// the cut before it came after as many (give or take one): a server that
+// restarts cuts its connections after any number, one that counts queries
+// after the same each time.
+func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
+	c := newBareConn(t, 64)
+	p := c.pool
+	for _, step := range []struct {
+		served int
+		want   int32
+	}{
+		{6, 0},  // the first small cut: maybe a restart
+		{11, 0}, // unlike the last: still no policy
+		{10, 9}, // like the last (11, give or take one): a limit, one below the cut
+		{6, 9},  // unlike the last: the limit in force stays
+	} {
+		p.learnLimit(CloseServer, step.served, 1)
+		if got := p.learned.limit.get(); got != step.want {
+			t.Fatalf("After a cut at %d answers the limit is %d, want %d", step.served, got, step.want)
+		}
+	}
 }

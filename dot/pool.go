@@ -195,7 +195,7 @@ func (p *Pool) needConn() (<-chan struct{}, error) {
 		return nil, ErrPoolClosed
 	}
 	if !p.hasRoomLocked() {
-		p.startDialLocked(0)
+		p.startDialLocked(0, false)
 	}
 	if p.dials == 0 && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {
 		if p.redial.cause != nil {

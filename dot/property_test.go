@@ -236,8 +236,12 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 		up := newSimUpstream(t, b)
 		tlsCfg := up.cert.ClientTLS(dottest.ServerName)
 		tlsCfg.CurvePreferences = up.tls.CurvePreferences
-		p, err := New(Config{Addr: "127.0.0.1:853", TLS: tlsCfg,
-			Dial: func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dial(ctx, true) }})
+		cfg := Config{Addr: "127.0.0.1:853", TLS: tlsCfg,
+			Dial: func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dial(ctx, true) }}
+		if *propertyTrace {
+			cfg.Observer = newTraceObserver()
+		}
+		p, err := New(cfg)
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}

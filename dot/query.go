@@ -31,7 +31,8 @@ type query struct {
 	// only touched by the goroutine running the exchange.
 	first     call
 	firstUsed bool
-	resent    bool // written a second time (rescued or replayed): never again
+	resent    bool // written a second time (rescued or replayed): never rescued
+	replays   int  // replays after a server cut the connection (see Pool.exchange)
 
 	// fl is the flight q leads, if it leads one: identical queries wait for its
 	// answer (see coalesce.go). Its zero value is no flight.

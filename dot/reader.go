@@ -99,6 +99,9 @@ func (c *conn) dispatch(frame []byte) {
 
 	if first {
 		c.pool.answered() // before the caller hears of it: its next query sees the reset
+		// The pool's first answer times the upstream at once, not at the
+		// next full sweep: until then it is untimed (see unknownQuiet).
+		c.pool.learned.mode.usual.CompareAndSwap(0, max(nanotime()-cl.sentAt.Load(), 1))
 	}
 	if drop >= 0 {
 		c.pool.obs.Dropped(drop)

@@ -92,9 +92,18 @@ func (c *conn) judgeLocked(cl *call, now int64) {
 // caller is to send the query again elsewhere. The call stays live.
 var errRescued = errors.New("dot: query stuck behind a slow answer")
 
-// rescueDelay is how long a query may wait with nothing read before it is rescued.
+// rescueDelay is how long a query may wait with nothing read before it is
+// rescued. In order it is minRescueDelay: a query behind another waits for
+// the rest of that one's answer time and then its own, so that sending it on
+// an idle connection at once is never slower, and the usual answer time
+// (which scales the delay otherwise, for an upstream that may only be slow)
+// would make the wait behind a slow in-order upstream's queue last seconds.
 func (p *Pool) rescueDelay() int64 {
-	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.usual.Load())
+	m := &p.learned.mode
+	if m.get() == ModeInOrder {
+		return int64(minRescueDelay)
+	}
+	return max(int64(minRescueDelay), rescueFactor*m.usual.Load())
 }
 
 // blockWatch is the sweeper's view of one connection's reads, for telling when
@@ -102,6 +111,7 @@ func (p *Pool) rescueDelay() int64 {
 type blockWatch struct {
 	reads int64 // the connection's frames read at the last tick
 	since int64 // unix ns since when reads has not moved
+	busy  int64 // unix ns of the first tick that found queries outstanding, since it last found none; 0: none
 }
 
 // watch runs on every tick. It finds blocked connections and rescues the calls
@@ -121,6 +131,13 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 			w.since = min(w.since+late, now)
 		}
 		busy = busy || c.load.Load() > 0
+		switch {
+		case c.load.Load() == 0:
+			w.busy = 0
+			c.quietAt.Store(0) // waiting for nothing: a new query waits behind nobody
+		case w.busy == 0:
+			w.busy = now
+		}
 	}
 	mode := p.learned.mode.get()
 	w := stuckWatch{now: now, delay: p.rescueDelay(), cost: rescueCost[mode], tokens: &z.tokens, after: z.newestSent,
@@ -128,17 +145,59 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 	if mode == ModeInOrder || p.learned.mode.waits.Load() {
 		w.after = math.MaxInt64 // every query waits behind those before it
 	}
+	unknownQuiet := p.unknownQuiet(mode)
 	for _, c := range conns {
 		// A connection whose answers wait unread in its socket is not stuck
 		// behind a slow one: its reader is behind, and rescues would only
 		// make this process busier.
-		if c.load.Load() >= 2 && now-c.watch.since >= w.delay && !c.bc.unread() {
+		quiet := now - c.watch.since
+		switch {
+		case c.bc.unread():
+		case c.load.Load() >= 2 && quiet >= w.delay:
 			c.quietAt.Store(c.watch.reads + 1)
 			c.rescueStuck(&w)
+		case c.load.Load() >= 1 && now-max(c.watch.since, c.watch.busy) >= unknownQuiet:
+			c.quietAt.Store(c.watch.reads + 1)
 		}
 	}
 	return busy, total
 }
+
+// unknownQuiet is how long a connection with a query outstanding may read
+// nothing before it is quiet (takes new queries last) while the mode is
+// unknown and the upstream is slow or not yet timed (its usual answer time is
+// unknownSlow or more, or none yet): unknownQuietFloor (never, otherwise).
+// Until the pool knows how such an upstream serves a connection, a query put
+// behind one that has gone unanswered that long may wait for all of it, as on
+// an in-order upstream: it goes to another connection, dialled for it (quiet
+// ones do not count toward the cap then, see countsTowardCap), as forward
+// would send it. On a slow upstream that costs no time, only connections, and
+// never more than forward opens; queries that came together still share one,
+// and show by their order whether the upstream serves them side by side. A
+// fast upstream that pauses now and then (unbound on a busy machine) pauses
+// every connection alike, so that more would not help: once timed fast, its
+// connections are not made quiet this way.
+func (p *Pool) unknownQuiet(mode Mode) int64 {
+	u := p.learned.mode.usual.Load()
+	if mode != ModeUnknown || u != 0 && u < int64(unknownSlow) {
+		return math.MaxInt64
+	}
+	return int64(unknownQuietFloor)
+}
+
+// slowUnknown reports whether the mode is unknown and the upstream slow or
+// not yet timed (see unknownQuiet).
+func (p *Pool) slowUnknown() bool {
+	return p.unknownQuiet(p.learned.mode.get()) != math.MaxInt64
+}
+
+const (
+	// unknownQuietFloor: see unknownQuiet. The property test allows the
+	// pool a p99 5 ms above forward's.
+	unknownQuietFloor = 5 * time.Millisecond
+	// unknownSlow: see unknownQuiet.
+	unknownSlow = 10 * time.Millisecond
+)
 
 // stuckWatch is what one tick's watch tells rescueStuck.
 type stuckWatch struct {

@@ -26,8 +26,8 @@ import (
 
 // Caps of connections that take new queries when Config.MaxConns is 0 (auto).
 const (
-	AutoMaxConnsOutOfOrder = 4   // out of order or not known: few, full connections
-	AutoMaxConnsInOrder    = 128 // in order: as many as the load needs, up to this
+	AutoMaxConnsOutOfOrder = 4    // out of order or not known: few, full connections
+	AutoMaxConnsInOrder    = 1024 // in order: as many as the load needs, up to this (forward has no cap at all)
 )
 
 const (
@@ -46,7 +46,7 @@ const (
 	// inOrderSpares is how many connections with nothing outstanding an in-order
 	// pool keeps ready, so that a query finds one even while the sweeper has not
 	// yet seen that a busy connection is stuck behind a slow answer.
-	inOrderSpares = 1
+	inOrderSpares = 0
 	// orderCheckEvery: one query in this many goes behind another on an
 	// in-order upstream, to see whether it still answers in order (orderCheckConn).
 	orderCheckEvery = 256
@@ -122,6 +122,12 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		if best == nil {
 			// Every connection with room is quiet: its queries may wait
 			// behind a slow one, so the next connection is dialled now.
+			// Unknown, the query waits for it (or for the first
+			// connection to read again), as forward would; known out
+			// of order, it goes to the least loaded quiet one.
+			if quiet != nil && cl.avoid == nil && p.cfg.MaxConns == 0 && p.slowUnknown() && p.dialForWaiter() {
+				return nil
+			}
 			best, load, more = quiet, quietLoad, true
 		}
 		if best == nil {
@@ -152,8 +158,8 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			}
 			l := c.load.Load()
 			if l == 0 && !c.nearEnd.Load() { // near its end: taking, but no spare
-				if idle++; idle > inOrderSpares {
-					break // the spares are left after this one
+				if idle++; idle > inOrderSpares && best != nil && load == 0 {
+					break // an idle one is taken, and the spares are left after it
 				}
 			}
 			// The least loaded; among busy ones, the one written to last: a
@@ -168,6 +174,12 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
+		if idle == 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
+			// No connection is idle: as forward does, the query waits for a
+			// new one rather than go behind a busy one, but takes the first
+			// that becomes idle if that is sooner (acquireSlow).
+			return nil
+		}
 		if best == nil {
 			return nil
 		}
@@ -179,6 +191,19 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		}
 	}
 	return nil
+}
+
+// dialForWaiter is for a query that found no connection it should go on
+// (pickIdle, pickInTurn): it reports whether a dial is under way for it, one
+// per waiting query (those in acquireSlow, this one included when it waits
+// again), starting one if there are fewer, so that the query may wait.
+func (p *Pool) dialForWaiter() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dials > 0 && int(p.waiters.Load()) <= p.dials {
+		return true
+	}
+	return p.startDialLocked(0, true)
 }
 
 // orderCheckConn returns a connection with one query outstanding, written within
@@ -205,7 +230,7 @@ func (p *Pool) dialNow() { p.dialUpTo(0) }
 // sweeper's snapshot of the connections may miss one that a dial just added.
 func (p *Pool) dialUpTo(want int) {
 	p.mu.Lock()
-	p.startDialLocked(want)
+	p.startDialLocked(want, false)
 	p.mu.Unlock()
 }
 
@@ -213,8 +238,10 @@ func (p *Pool) dialUpTo(want int) {
 // no closing connection's verdict is pending, the backoff allows it, fewer
 // dials than dialLimit run, the connections that take queries (with those being
 // dialled) are under the cap (and, in order, under what the load needs), and
-// all open ones are under maxOpen. It reports whether it started one.
-func (p *Pool) startDialLocked(want int) bool {
+// all open ones are under maxOpen. waiter: the dial is for a query that waits
+// for a connection of its own (see dialLimitLocked). It reports whether it
+// started one.
+func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
 	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
@@ -222,15 +249,19 @@ func (p *Pool) startDialLocked(want int) bool {
 	}
 	conns := *p.conns.Load()
 	n := countConns(conns)
-	taking := n.steady()
-	if p.countsTowardCap(availBlocked) {
-		taking += n.n[availBlocked]
+	taking := n.n[availTaking]
+	for _, a := range [...]avail{availQuiet, availBlocked} {
+		if p.countsTowardCap(a) {
+			taking += n.n[a]
+		}
 	}
-	if p.dials >= p.dialLimitLocked(n.n[availNearEnd]) {
+	if p.dials >= p.dialLimitLocked(n.n[availNearEnd], waiter) {
 		return false
 	}
 	capConns := p.capConns()
-	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 {
+	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 && !waiter {
+		// What the load needs, as the sweeper last saw it; a query that
+		// waits for a connection of its own is what the load needs now.
 		capConns = min(capConns, max(int(p.needed.Load()), 1))
 	}
 	if want > 0 {
@@ -259,8 +290,15 @@ func (p *Pool) startDialLocked(want int) bool {
 // machine).
 func (p *Pool) countsTowardCap(a avail) bool {
 	switch a {
-	case availTaking, availQuiet:
+	case availTaking:
 		return true
+	case availQuiet:
+		// Unknown, a slow upstream's quiet connection may hold its
+		// queries for a whole answer time each (see unknownQuiet): more
+		// connections help. Not yet timed, the first answer may as well
+		// be a fast upstream's, late once (a slow query first, a pause):
+		// the cap holds until it is.
+		return p.cfg.MaxConns > 0 || !p.slowUnknown() || p.learned.mode.usual.Load() == 0
 	case availBlocked:
 		m := &p.learned.mode
 		return p.cfg.MaxConns > 0 || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0
@@ -273,14 +311,26 @@ func (p *Pool) countsTowardCap(a avail) bool {
 // and one more for each connection near its end (a server that cuts
 // connections after a few dozen queries needs successors faster than one
 // handshake at a time gives them) and for each connection the load is short of.
-func (p *Pool) dialLimitLocked(ending int) int {
+//
+// maxParallelDials gives way to what the load is short of (shortfall and
+// connections near their end) when each connection serves few queries: in
+// order (one at a time) or under a learned query limit. forward dials one
+// connection for each query that finds none idle, all at once; a pool that
+// dialled four at a time would serve a server cutting every connection after
+// six queries, or an in-order one under a burst, far less.
+func (p *Pool) dialLimitLocked(ending int, waiter bool) int {
+	short := ending + int(p.shortfall.Load())
 	switch {
 	case p.redial.strikes > 0:
 		return 1
-	case p.learned.mode.get() == ModeInOrder:
-		return maxParallelDials
+	case waiter:
+		// A query that waits for a connection of its own (dialForWaiter):
+		// one dial per waiting query, as forward would.
+		return max(maxParallelDials, short, int(p.waiters.Load())+1)
+	case p.learned.mode.get() == ModeInOrder || p.learned.limit.get() != 0:
+		return max(maxParallelDials, short)
 	}
-	return min(1+ending+int(p.shortfall.Load()), maxParallelDials)
+	return min(1+short, maxParallelDials)
 }
 
 // sizer is the sweeper's view of the load, for sizing the pool. Sweeper only.

@@ -45,10 +45,10 @@ func (c *conn) sweep(now int64, idle time.Duration) {
 // collect returns and clears what c's answers said of the upstream since the
 // last collect (see answerLog); from now on answer times count at most alone
 // for queries alone on the connection, mean for the mean.
-func (c *conn) collect(alone, mean int64) answerStats {
+func (c *conn) collect(alone, mean, usual int64) answerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.answers.aloneCeiling, c.answers.meanCeiling = alone, mean
+	c.answers.aloneCeiling, c.answers.meanCeiling, c.answers.usual = alone, mean, usual
 	return c.answers.collect()
 }
 
@@ -93,6 +93,8 @@ func (c *conn) closeCauseLocked(now int64, oldest, next *call, idle time.Duratio
 		return closeCause{errDrainStuck, c.drainFor}
 	case c.drainedLocked() >= 0:
 		return closeCause{errDrained, c.drainFor}
+	case c.rescuedOnlyLocked():
+		return closeCause{errRescuedOnly, CloseDrain}
 	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(idle):
 		return closeCause{errIdle, CloseIdle}
 	}
@@ -138,9 +140,27 @@ func earliest(oldest, next, cl *call) (*call, *call) {
 	return oldest, next
 }
 
+// rescuedOnlyLocked reports whether an in-order upstream's connection has
+// nothing outstanding but queries answered elsewhere (rescued, or given up):
+// the upstream serves them one at a time, for nobody, and the connection
+// takes no query until they are all answered. Closing it ends that work.
+// c.mu must be held.
+func (c *conn) rescuedOnlyLocked() bool {
+	if len(c.calls) == 0 || c.pool.learned.mode.get() != ModeInOrder {
+		return false
+	}
+	for _, cl := range c.calls {
+		if cl.tombUntil == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 var (
-	errIdle       = errors.New("connection idle")
-	errDrainStuck = errors.New("draining connection stopped answering")
+	errRescuedOnly = errors.New("in order, only queries answered elsewhere outstanding")
+	errIdle        = errors.New("connection idle")
+	errDrainStuck  = errors.New("draining connection stopped answering")
 )
 
 // drainQuiet is how long a draining connection may go without any answer while
@@ -180,7 +200,10 @@ func (p *Pool) sweepLoop() {
 		}
 		p.size(now, reads, conns, sweep)
 		d := full
-		if busy {
+		switch {
+		case busy && p.slowUnknown():
+			d = minWatchInterval // a quiet connection is seen within a few ms (see unknownQuiet)
+		case busy:
 			d = min(max(time.Duration(p.rescueDelay()/4), minWatchInterval), full)
 		}
 		p.idleTicks.Store(!busy) // before the reset: a query registered from now on kicks
@@ -238,7 +261,7 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
 	for _, c := range conns {
-		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean)))
+		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean), m.usual.Load()))
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)

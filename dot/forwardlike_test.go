@@ -1,0 +1,131 @@
+package dot
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// Where the pool cannot do better than forward, it does what forward does:
+// each query on a connection of its own. These are the paths that make it so
+// (issue 21); TestProperty (property_test.go) checks them against a model of
+// forward over drawn upstreams.
+
+// An upstream whose mode is not known, timed slow (answers take 100 ms, one
+// at a time), and then a query that takes 500 ms: once its connection has
+// read nothing for the usual answer time and 5 ms more, it is quiet, and the
+// next queries wait for connections dialled for them instead of queueing
+// behind it. Each is answered in one service time and a handshake.
+func TestSlowUnknownUpstreamQuietConnectionDialsForWaiters(t *testing.T) {
+	const service, slow, handshake = 100 * time.Millisecond, 500 * time.Millisecond, time.Millisecond
+	delay := func(q dns.Question) time.Duration {
+		if q.Name == "slow.example." {
+			return slow
+		}
+		return service
+	}
+	bubble(t, dottest.Options{InOrder: true, Delay: delay}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := exchange(p, "slow.example."); done <- err }()
+		time.Sleep(service + unknownQuietFloor + minWatchInterval)
+		out := offer(p, 10, 10*time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return service + 2*handshake })
+		if err := <-done; err != nil {
+			t.Errorf("The slow query: %v", err)
+		}
+		if m := p.Stats().Mode; m != ModeUnknown {
+			t.Errorf("Mode = %v, want unknown (no query was behind another)", m)
+		}
+		if m := s.MaxOutstanding(); m > 1 {
+			t.Errorf("Up to %d queries outstanding on one connection, want 1", m)
+		}
+	})
+}
+
+// In order, a burst that finds no connection idle waits for connections
+// dialled for it, one per query, rather than queueing behind the busy ones:
+// every query of the burst is answered in one service time and a handshake.
+func TestInOrderBurstWaitsForItsOwnConnections(t *testing.T) {
+	const service, handshake = 50 * time.Millisecond, time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// Ten at once on a fresh pool: they queue on its first connection
+		// and are answered one service time apart, which teaches in order.
+		learn := offer(p, 10, 0, func(i int) string { return fmt.Sprintf("learn%d.example.", i) })
+		checkOutcomes(t, learn, func(string) time.Duration { return 11 * service })
+		waitFor(t, "the mode to be learned", func() bool { return p.Stats().Mode == ModeInOrder })
+		burst := offer(p, 30, 0, func(i int) string { return fmt.Sprintf("burst%d.example.", i) })
+		// One of the burst may be an order check, put behind another on
+		// purpose and rescued after minRescueDelay (seen at the sweeper's
+		// next tick). Queued behind a busy connection, it would take two
+		// service times.
+		checkOutcomes(t, burst, func(string) time.Duration { return service + minRescueDelay + 2*minWatchInterval + 2*handshake })
+	})
+}
+
+// In order, a query stuck behind another is rescued after minRescueDelay,
+// not after rescueFactor usual answer times: it waits for the rest of the one
+// before it and then its own, so that an idle connection is never slower.
+func TestInOrderRescueDelay(t *testing.T) {
+	c := newBareConn(t, 8)
+	p := c.pool
+	p.learned.mode.usual.Store(int64(100 * time.Millisecond))
+	if d := time.Duration(p.rescueDelay()); d != rescueFactor*100*time.Millisecond {
+		t.Errorf("Unknown mode: rescue delay %v, want %v", d, rescueFactor*100*time.Millisecond)
+	}
+	p.learned.mode.mode.Store(int32(ModeInOrder))
+	if d := time.Duration(p.rescueDelay()); d != minRescueDelay {
+		t.Errorf("In order: rescue delay %v, want %v", d, minRescueDelay)
+	}
+}
+
+// In order, a connection left with nothing outstanding but queries answered
+// elsewhere (their rescues won) is closed: the upstream would serve them one
+// at a time for nobody, and the connection take no query until then.
+func TestInOrderConnectionWithOnlyRescuedQueriesCloses(t *testing.T) {
+	c := newBareConn(t, 8)
+	p := c.pool
+	cl := newTestCall(mustPrepare(t, "a.example."))
+	if !c.register(cl) {
+		t.Fatal("register failed")
+	}
+	<-c.writeq
+	cl.seq = 1
+	cl.state.Store(callSent)
+	now := nanotime()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v := c.closeCauseLocked(now, cl, nil, 0); v.reason >= 0 {
+		t.Fatalf("A connection with a live query: close cause %v", v.cause)
+	}
+	cl.lost = true // its rescue won
+	c.giveUpLocked(cl, now)
+	if v := c.closeCauseLocked(now, cl, nil, 0); v.reason >= 0 {
+		t.Errorf("Mode unknown: close cause %v, want none", v.cause)
+	}
+	p.learned.mode.mode.Store(int32(ModeInOrder))
+	if v := c.closeCauseLocked(now, cl, nil, 0); v.reason != CloseDrain {
+		t.Errorf("In order, only a rescued query outstanding: close reason %v, want %v", v.reason, CloseDrain)
+	}
+}
+
+// A server that cuts every connection after three answers, however many
+// queries are outstanding on it: until the pool learns the limit (two like
+// cuts), the queries past the cut are replayed on other connections, which
+// are cut in turn; with up to maxReplays each, all are answered, as forward
+// answers them (it takes another connection whenever a reused one was cut).
+func TestSmallQueryLimitEveryQueryAnswered(t *testing.T) {
+	bubble(t, dottest.Options{CloseAfter: 3}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		out := offer(p, 40, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return time.Second })
+		if l := p.learned.limit.get(); l != 2 {
+			t.Errorf("Learned query limit %d, want 2 (cuts after 3 answers, one in 50 kept as a margin, at least one)", l)
+		}
+	})
+}

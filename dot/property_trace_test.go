@@ -1,0 +1,46 @@
+package dot
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+// propertyTrace prints a replayed seed's pool events on the virtual clock:
+// go test ./dot/ -run 'TestProperty$/seed=N$' -property.trace. For reading
+// why a seed failed; no assertion reads it.
+var propertyTrace = flag.Bool("property.trace", false, "print the pool's events (mode, sizing, dials, closes, rescues) of each seed run")
+
+// traceObserver prints a pool's events with the virtual time since start.
+type traceObserver struct {
+	start time.Time
+	mu    sync.Mutex
+	sized [2]int // the last Sized figures printed
+}
+
+func newTraceObserver() *traceObserver { return &traceObserver{start: time.Now()} }
+
+func (o *traceObserver) printf(format string, args ...any) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	fmt.Fprintf(os.Stderr, "%10.3fms "+format+"\n", append([]any{float64(time.Since(o.start).Microseconds()) / 1000}, args...)...)
+}
+
+func (o *traceObserver) Dialed(took time.Duration, _ bool, err error) {
+	o.printf("dialed in %v err=%v", took, err)
+}
+func (o *traceObserver) Closed(r CloseReason)      { o.printf("closed: %v", r) }
+func (o *traceObserver) Dropped(r DropReason)      { o.printf("dropped: %v", r) }
+func (o *traceObserver) Replayed()                 { o.printf("replayed") }
+func (o *traceObserver) TimedOut()                 { o.printf("timed out") }
+func (o *traceObserver) Failed(err error)          { o.printf("failed: %v", err) }
+func (o *traceObserver) SharedRecords(s bool)      { o.printf("shared records: %v", s) }
+func (o *traceObserver) Rescued()                  { o.printf("rescued") }
+func (o *traceObserver) ModeLearned(m Mode, n int) { o.printf("mode %v (%d per conn)", m, n) }
+func (o *traceObserver) Sized(wanted, taking int) {
+	o.printf("sized: wanted %d, taking %d", wanted, taking)
+}
+
+var _ SizeObserver = (*traceObserver)(nil)
