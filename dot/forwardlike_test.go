@@ -129,3 +129,22 @@ func TestSmallQueryLimitEveryQueryAnswered(t *testing.T) {
 		}
 	})
 }
+
+// A burst onto a fresh pool in front of an in-order upstream (5 ms an
+// answer): the queries queue on its first connections until the answers
+// show in order, which they do within a few answers (the pool learns at the
+// next tick, not the next full sweep), and then the queue is rescued onto
+// connections of their own, although its connection keeps reading (one
+// answer every 5 ms): as forward would have sent it, one per query. Served
+// one after the other, the last would wait half a second.
+func TestInOrderQueueRescuedOnceLearned(t *testing.T) {
+	const service, handshake = 5 * time.Millisecond, time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		out := offer(p, 100, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return 80 * time.Millisecond })
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Errorf("Mode = %v, want %v", m, ModeInOrder)
+		}
+	})
+}

@@ -30,6 +30,7 @@ type Pool struct {
 	needed        atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
+	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's

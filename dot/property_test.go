@@ -245,6 +245,8 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
+		tracingPool = *propertyTrace
+		defer func() { tracingPool = false }()
 		o = offerLoad(ld, propertySlack(b), func(ctx context.Context, m *dns.Msg, _ time.Time) (*dns.Msg, error) {
 			return p.Exchange(ctx, m)
 		}, func() { p.Close() }, poolErrKind)
@@ -341,6 +343,9 @@ func (o *loadOutcome) tally(i int, res askResult, ld offeredLoad, slack time.Dur
 	default:
 		o.answered++
 		o.took = append(o.took, res.took)
+		if *propertyTrace && res.took > 100*time.Millisecond && tracingPool {
+			fmt.Fprintf(os.Stderr, "slow answer: %s arrived at %v, answered after %v\n", name, ld.arrivals[i], res.took)
+		}
 	}
 }
 

@@ -13,6 +13,10 @@ import (
 // why a seed failed; no assertion reads it.
 var propertyTrace = flag.Bool("property.trace", false, "print the pool's events (mode, sizing, dials, closes, rescues) of each seed run")
 
+// tracingPool: the pool's run of a seed is under way with -property.trace:
+// its slow answers are printed (see loadOutcome.tally).
+var tracingPool bool
+
 // traceObserver prints a pool's events with the virtual time since start.
 type traceObserver struct {
 	start time.Time

@@ -88,6 +88,9 @@ func (c *conn) dispatch(frame []byte) {
 	if served {
 		c.served++
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
+		if c.answers.busySlow >= minSlowEvidence && !c.pool.learnDue.Load() {
+			c.pool.learnDue.Store(true) // enough to learn in order from: at the next tick, not the next full sweep
+		}
 	}
 	first := drop < 0 && c.answered == 1
 	// A record trial learns from any served query of its own, also one whose

@@ -53,14 +53,16 @@ const (
 	minJudgeLate = 50 * time.Millisecond
 )
 
-// rescueCost is what a rescue costs of the budget in each mode. In order, one:
-// a quarter of the answers may be rescues. Unknown, four: a connection that
+// rescueCost is what a rescue costs of the budget in each mode. In order, a
+// half: half the answers may be rescues, and a burst of twice maxRescueBurst
+// (a queue that formed before the mode was learned goes out at once, one
+// query a connection, as forward would have sent it). Unknown, four: a connection that
 // reads nothing may as well be the upstream pausing (the pool finds out from
 // the rescues, see judgeLocked). Out of order, ten: a query waits for nobody,
 // and one that takes long is most likely slow itself, so that sending it again
 // doubles the work for nothing; a few rescues still find out if the upstream
 // changed.
-var rescueCost = [modeCount]float64{ModeUnknown: 4, ModeOutOfOrder: 10, ModeInOrder: 1}
+var rescueCost = [modeCount]float64{ModeUnknown: 4, ModeOutOfOrder: 10, ModeInOrder: 0.5}
 
 // judgeLocked judges the original of a rescue that won (at cl.wonAt), on its
 // connection c, when its late answer comes or when the sweeper finds it still
@@ -153,8 +155,15 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		quiet := now - c.watch.since
 		switch {
 		case c.bc.unread():
-		case c.load.Load() >= 2 && quiet >= w.delay:
-			c.quietAt.Store(c.watch.reads + 1)
+		case c.load.Load() >= 2 && quiet >= w.delay || mode == ModeInOrder && c.load.Load() >= 3:
+			// In order, a query behind others waits for all of them
+			// however briskly they are answered: a queue that formed
+			// before the mode was learned is rescued whether or not
+			// its connection reads (not an order check, two deep: it
+			// waits one answer at most).
+			if quiet >= w.delay {
+				c.quietAt.Store(c.watch.reads + 1)
+			}
 			c.rescueStuck(&w)
 		case c.load.Load() >= 1 && now-max(c.watch.since, c.watch.busy) >= unknownQuiet:
 			c.quietAt.Store(c.watch.reads + 1)

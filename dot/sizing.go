@@ -249,11 +249,17 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	}
 	conns := *p.conns.Load()
 	n := countConns(conns)
-	taking := n.n[availTaking]
-	for _, a := range [...]avail{availQuiet, availBlocked} {
-		if p.countsTowardCap(a) {
-			taking += n.n[a]
-		}
+	taking := n.steady()
+	if p.countsTowardCap(availBlocked) {
+		taking += n.n[availBlocked]
+	}
+	if waiter && p.cfg.MaxConns == 0 && p.slowUnknown() && p.learned.mode.usual.Load() != 0 {
+		// A slow upstream's quiet connection may hold its queries for a
+		// whole answer time each (see unknownQuiet): a query that waits
+		// for a connection of its own does not count it. Not yet timed,
+		// the first answer may as well be a fast upstream's, late once
+		// (a slow query first, a pause): the cap holds until it is.
+		taking -= n.n[availQuiet]
 	}
 	if p.dials >= p.dialLimitLocked(n.n[availNearEnd], waiter) {
 		return false
@@ -293,12 +299,7 @@ func (p *Pool) countsTowardCap(a avail) bool {
 	case availTaking:
 		return true
 	case availQuiet:
-		// Unknown, a slow upstream's quiet connection may hold its
-		// queries for a whole answer time each (see unknownQuiet): more
-		// connections help. Not yet timed, the first answer may as well
-		// be a fast upstream's, late once (a slow query first, a pause):
-		// the cap holds until it is.
-		return p.cfg.MaxConns > 0 || !p.slowUnknown() || p.learned.mode.usual.Load() == 0
+		return true
 	case availBlocked:
 		m := &p.learned.mode
 		return p.cfg.MaxConns > 0 || m.get() == ModeUnknown && !m.rescue.Load() && p.rescuesWon.Load() == 0

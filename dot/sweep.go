@@ -195,8 +195,11 @@ func (p *Pool) sweepLoop() {
 			next = now + int64(full)
 			p.sweepAll(now, conns)
 		}
-		if sweep || p.rescuesWon.Load() >= minRescueEvidence {
-			p.learn(now, conns) // at once on rescues that won: the mode decides where the next queries go
+		if sweep || p.rescuesWon.Load() >= minRescueEvidence || p.learnDue.Swap(false) {
+			// At once on rescues that won, or on answers that showed
+			// in order (see reader.go): the mode decides where the next
+			// queries go, and a queue on few connections grows meanwhile.
+			p.learn(now, conns)
 		}
 		p.size(now, reads, conns, sweep)
 		d := full
