@@ -1,0 +1,44 @@
+package dot
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// A server that restarts cuts all its connections at once, each after however
+// many answers it happened to serve: that is no query limit, however alike two
+// of those counts are. An in-order upstream's pool has a score of connections,
+// the newer ones with a few answers each, so that two cuts in a row after
+// about as many answers are likely: they must not teach a limit of a few
+// queries (a handshake every few queries for learnedTTL), nor must one cut
+// after more answers teach one.
+func TestServerRestartTeachesNoLimit(t *testing.T) {
+	const service = 5 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		wait := offerFor(p, 1500, 500*time.Microsecond, name)
+		for i := range 3 { // three restarts, 200 ms apart
+			time.Sleep(200 * time.Millisecond)
+			t.Logf("Restart %d with %d connections open, limit %d", i+1, p.Stats().Conns, p.learned.limit.get())
+			s.CloseConns()
+		}
+		failed := 0
+		for _, o := range wait() {
+			if o.err != nil {
+				failed++
+			}
+		}
+		switch l := p.learned.limit.get(); {
+		case l != 0 && l < minLearnedLimit:
+			t.Errorf("Restarts taught a small query limit of %d: two like cuts in a row come of a restart too", l)
+		case l != 0:
+			t.Errorf("Restarts taught a query limit of %d", l)
+		}
+		t.Logf("%d handshakes, %d of 1500 queries failed, mode %v", s.Handshakes(), failed, p.Stats().Mode)
+	})
+}
