@@ -174,10 +174,11 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
-		if idle == 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
-			// No connection is idle: as forward does, the query waits for a
-			// new one rather than go behind a busy one, but takes the first
-			// that becomes idle if that is sooner (acquireSlow).
+		if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
+			// No connection is idle (one near its end, idle, is taken:
+			// load 0): as forward does, the query waits for a new one
+			// rather than go behind a busy one, but takes the first that
+			// becomes idle if that is sooner (acquireSlow).
 			return nil
 		}
 		if best == nil {
