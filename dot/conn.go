@@ -413,7 +413,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		c.pool.learnLimit(reason, served, len(live))
 	}
 	c.pool.connClosed(c, reason, life)
-	lost := &connLostError{cause: cause, replayable: answered > 0}
+	lost := &connLostError{cause: cause, replayable: answered > 0, serverCut: reason == CloseServer}
 	for _, cl := range live {
 		if cl.state.CompareAndSwap(callQueued, callAbandoned) {
 			cl.complete(result{err: errUnsent})

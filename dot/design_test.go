@@ -31,6 +31,7 @@ func TestDesignNumbers(t *testing.T) {
 		"learnedTTL":               learnedTTL,
 		"minLearnedLimit":          minLearnedLimit,
 		"maxReplays":               maxReplays,
+		"restartWindow":            restartWindow,
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,

@@ -53,8 +53,9 @@
 //     slot and ID stay taken until the late answer arrives or TombstoneTTL passes,
 //     so that the late answer cannot reach a newer query.
 //   - move: a call that was never written goes to another connection at no cost.
-//   - replay: a written call whose connection died is sent once more elsewhere
-//     (up to maxReplays times, while the pool learns a server's query limit).
+//   - replay: a written call whose connection died (after answering others) is
+//     sent once more elsewhere; again, up to maxReplays, if the server cut it
+//     (while the pool learns its query limit, see queryLimit).
 //   - drain: a connection takes no new calls and closes once its last answer is in.
 //   - stall: a connection that reads nothing while queries wait (see sweep.go).
 //   - query limit: the calls a server serves on one connection before it cuts it,

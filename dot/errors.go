@@ -54,6 +54,7 @@ var errUnsent = errors.New("dot: connection closed before query was written")
 type connLostError struct {
 	cause      error
 	replayable bool // the connection had answered before: a replay has a chance
+	serverCut  bool // the server closed it (CloseServer): maybe at a query limit not yet learned
 }
 
 func (e *connLostError) Error() string { return fmt.Sprintf("%v: %v", ErrConnLost, e.cause) }

@@ -81,15 +81,22 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 // replayable reports whether a query whose written attempt failed may be sent again:
 // only a plain QUERY (idempotent), only if its connection had answered before (a
 // connection that never answered tells nothing good about the next one), only if
-// the caller still has time, and at most maxReplays times; a rescued query is
-// not replayed (it was written twice already). A server that cuts connections
-// after a few queries cuts the replay's too until the pool learns its limit
-// (two cuts, see queryLimit.learn): forward, which takes another connection
-// whenever a reused one was cut, answers those queries, so the pool must.
+// the caller still has time; a rescued query is not replayed (it was written
+// twice already). A replay whose connection the server cut in turn is
+// replayed again, up to maxReplays times in all: a server that cuts
+// connections after a few queries cuts the replay's too until the pool learns
+// its limit (two like cuts, see learnLimit), and forward, which takes another
+// connection whenever a reused one was cut, answers those queries. A stall or
+// an error ends the replays at one.
 func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	var lost *connLostError
-	return errors.As(err, &lost) && lost.replayable && q.opcode == dns.OpcodeQuery && ctx.Err() == nil &&
-		q.replays < maxReplays && (q.replays > 0 || !q.resent)
+	if !errors.As(err, &lost) || !lost.replayable || q.opcode != dns.OpcodeQuery || ctx.Err() != nil {
+		return false
+	}
+	if q.replays == 0 {
+		return !q.resent
+	}
+	return q.replays < maxReplays && lost.serverCut
 }
 
 // maxReplays is how often a query is replayed at most.

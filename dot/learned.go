@@ -23,7 +23,15 @@ const learnedTTL = 10 * time.Minute
 type queryLimit struct {
 	n     atomic.Int32
 	until atomic.Int64 // unix ns until which n holds
-	small int          // guarded by Pool.mu: the answers before the last cut under minLearnedLimit
+
+	// Guarded by Pool.mu (learnLimit):
+	small     int   // the answers before the last cut under minLearnedLimit
+	cutAt     int64 // unix ns of the last cut of a busy connection
+	cutServed int   // the answers before it
+	quietTill int64 // unix ns until which cuts teach nothing: the server restarted (see learnLimit)
+	learnedAt int64 // unix ns when n was last set
+	prevN     int32 // n and until before that, to restore if it came of a restart
+	prevUntil int64
 }
 
 // minLearnedLimit is the fewest answers after which one cut of a server
@@ -64,18 +72,19 @@ func (l *queryLimit) learn(answered int) int32 {
 // connection after answering many queries teaches the pool its query limit. It
 // runs before the dead connection's queries are moved or replayed, so that the
 // connections they go to already respect the limit.
+//
+// A server that restarts cuts every connection at once, each after however
+// many answers it served: two busy connections cut within restartWindow of
+// each other after unlike numbers of answers (more than one apart) are a
+// restart, not a policy. Then no cut teaches a limit until restartWindow
+// after the last such cut, and a limit learned within restartWindow before
+// is taken back.
 func (p *Pool) learnLimit(reason CloseReason, served, outstanding int) {
-	if reason != CloseServer || outstanding == 0 || served < 2 {
+	if reason != CloseServer || outstanding == 0 {
 		return
 	}
-	if served < minLearnedLimit {
-		p.mu.Lock()
-		last := p.learned.limit.small
-		p.learned.limit.small = served
-		p.mu.Unlock()
-		if served < last-1 || served > last+1 {
-			return // the first such cut, or one unlike the last: not yet a policy
-		}
+	if !p.limitCut(served, nanotime()) {
+		return
 	}
 	if limit := p.learned.limit.learn(served); limit != 0 {
 		// The connections opened with this one are as old and about to be cut
@@ -85,6 +94,41 @@ func (p *Pool) learnLimit(reason CloseReason, served, outstanding int) {
 			c.setQueryLimit(int(limit))
 		}
 	}
+}
+
+// restartWindow: cuts this close together after unlike numbers of answers
+// are a restart (see learnLimit).
+const restartWindow = 50 * time.Millisecond
+
+// limitCut records a busy connection's cut after served answers, at now, and
+// reports whether it may teach a limit: it is no part of a restart, it came
+// after two answers at least, and if after fewer than minLearnedLimit, the
+// small cut before it came after as many, give or take one.
+func (p *Pool) limitCut(served int, now int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := &p.learned.limit
+	if now-l.cutAt < int64(restartWindow) && (served < l.cutServed-1 || served > l.cutServed+1) {
+		l.quietTill = now + int64(restartWindow)
+		if now-l.learnedAt < int64(restartWindow) {
+			l.n.Store(l.prevN) // learned from the restart's first cut
+			l.until.Store(l.prevUntil)
+			l.learnedAt = 0
+		}
+	}
+	l.cutAt, l.cutServed = now, served
+	if now < l.quietTill || served < 2 {
+		return false
+	}
+	if served < minLearnedLimit {
+		last := l.small
+		l.small = served
+		if served < last-1 || served > last+1 {
+			return false // the first such cut, or one unlike the last: not yet a policy
+		}
+	}
+	l.prevN, l.prevUntil, l.learnedAt = l.n.Load(), l.until.Load(), now
+	return true
 }
 
 // verdict is what the pool knows of how its upstream reads TLS records (see

@@ -3,6 +3,7 @@ package dot
 import (
 	"bytes"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -158,22 +159,44 @@ func TestServeModeCrowded(t *testing.T) {
 // A cut after fewer than minLearnedLimit answers teaches a limit only when
 // the cut before it came after as many (give or take one): a server that
 // restarts cuts its connections after any number, one that counts queries
-// after the same each time.
+// after the same each time. Cuts close together after unlike numbers are a
+// restart: they teach nothing, and take back what the first of them taught.
 func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
-	c := newBareConn(t, 64)
-	p := c.pool
-	for _, step := range []struct {
-		served int
-		want   int32
-	}{
-		{6, 0},  // the first small cut: maybe a restart
-		{11, 0}, // unlike the last: still no policy
-		{10, 9}, // like the last (11, give or take one): a limit, one below the cut
-		{6, 9},  // unlike the last: the limit in force stays
-	} {
-		p.learnLimit(CloseServer, step.served, 1)
-		if got := p.learned.limit.get(); got != step.want {
-			t.Fatalf("After a cut at %d answers the limit is %d, want %d", step.served, got, step.want)
+	synctest.Test(t, func(t *testing.T) {
+		c := newBareConn(t, 64)
+		p := c.pool
+		for _, step := range []struct {
+			served int
+			after  time.Duration // since the cut before
+			want   int32
+		}{
+			{6, restartWindow, 0},      // the first small cut: maybe a restart
+			{11, restartWindow, 0},     // unlike the last: still no policy
+			{10, restartWindow, 9},     // like the last (11, give or take one): a limit, one below the cut
+			{6, restartWindow, 9},      // unlike the last: the limit in force stays
+			{40, 2 * restartWindow, 9}, // 16 or more lowers it only if lower: 39 is not
+			{5, restartWindow, 4},      // like the last small one (6): lower
+			{20, time.Millisecond, 9},  // unlike the last, at once: a restart, and 4 is taken back
+			{5, time.Millisecond, 9},   // within the restart: nothing is learned
+		} {
+			time.Sleep(step.after)
+			p.learnLimit(CloseServer, step.served, 1)
+			if got := p.learned.limit.get(); got != step.want {
+				t.Fatalf("After a cut at %d answers the limit is %d, want %d", step.served, got, step.want)
+			}
 		}
-	}
+		// ...the first cut of a restart teaches (here 16 or more: at once), the
+		// second, unlike it and at once, takes it back.
+		p.learned.limit.n.Store(0)
+		time.Sleep(2 * restartWindow)
+		p.learnLimit(CloseServer, 30, 1)
+		if got := p.learned.limit.get(); got != 29 {
+			t.Fatalf("A cut at 30 answers: limit %d, want 29", got)
+		}
+		time.Sleep(time.Millisecond)
+		p.learnLimit(CloseServer, 12, 1)
+		if got := p.learned.limit.get(); got != 0 {
+			t.Errorf("A cut at 12 answers a millisecond after one at 30: limit %d, want 0 (a restart)", got)
+		}
+	})
 }

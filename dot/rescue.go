@@ -25,9 +25,9 @@ import (
 // once more, on another connection with nothing outstanding (dialled if need
 // be). The call stays live where it was, and the first answer of the two wins;
 // the other attempt is given up, and its late answer dropped and counted
-// (DropRescued). Only a plain QUERY not yet sent twice is rescued, and a query
-// is never sent more than twice (a rescued query is not replayed, nor rescued
-// again). Queries not yet written move to another connection at no cost.
+// (DropRescued). Only a plain QUERY not yet sent twice is rescued, once (a
+// rescued query is not replayed, nor rescued again; a replayed one is not
+// rescued). Queries not yet written move to another connection at no cost.
 //
 // What rescues cost is bounded: a budget of rescueShare of the answers (with a
 // burst of maxRescueBurst), of which a rescue takes more while the mode is not

@@ -15,8 +15,9 @@ import (
 // a query waits for nobody: connections are filled in turn and a few deep ones
 // carry any load, with large batches at both ends. In order, a query waits for
 // every query written before it on its connection, and for a slow one that is
-// long: each query then goes to the oldest connection with nothing outstanding,
-// one connection is kept spare, and the pool opens as many as the load needs
+// long: each query then goes to the oldest connection with nothing outstanding
+// or, finding none, waits for one dialled for it (as forward does) or the first
+// to become idle, and the pool opens as many as the load needs
 // (Little's law: arrival rate × answer time, which is about the queries in
 // flight), up to a cap far above the out-of-order one. Either way a connection
 // blocked behind a slow answer takes no new query and its stuck queries are
@@ -144,10 +145,12 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 }
 
 // pickIdle, for an in-order upstream, registers cl on the oldest connection
-// with nothing outstanding, or if there is none on the least loaded one (the
-// one written to last among those), and starts a dial when fewer than
-// inOrderSpares idle ones are left: a query written behind another waits for
-// it, so the pool keeps spares.
+// with nothing outstanding. If there is none it returns nil, so that the
+// caller waits for a connection dialled for it or the first to become idle
+// (dialForWaiter: a query written behind another waits for it); if no dial
+// may start, it registers cl on the least loaded one (the one written to last
+// among those). It starts a dial when fewer than inOrderSpares idle ones are
+// left (none are kept by default: forward keeps none).
 func (p *Pool) pickIdle(cl *call) *conn {
 	for range 3 {
 		var best *conn
