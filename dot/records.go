@@ -51,14 +51,15 @@ const (
 func (p *Pool) verdict() verdict { return p.learned.records.get(p.clock.Load()) }
 
 // startTrial reports whether the caller is to run the record trial. None runs
-// while the usual answer time is a quarter of trialTimeout or more: the trial
+// before the first answer (the upstream may be slow), or while the usual
+// answer time is a quarter of trialTimeout or more: the trial
 // holds the connection's writes until its second query is answered, which
 // for so slow an upstream is a hold longer than any gain of shared records
 // (and a hold of trialTimeout, then a wrong "one per record", if it is
 // slower still). Without a verdict each query has a record of its own.
 func (p *Pool) startTrial() bool {
-	if p.learned.mode.usual.Load() >= int64(trialTimeout/4) {
-		return false
+	if u := p.learned.mode.usual.Load(); u == 0 || u >= int64(trialTimeout/4) {
+		return false // not yet timed, or too slow
 	}
 	return p.learned.records.startTrial(p.clock.Load())
 }

@@ -165,13 +165,17 @@ func TestTrialEndsOnAnswersNobodyWaitsFor(t *testing.T) {
 	})
 }
 
-// No record trial runs while the usual answer time is a quarter of
-// trialTimeout or more: it would hold the connection's writes for that long
-// (a 300 ms upstream's p99 went from 306 ms to 462 ms in the slow-pipelining
-// regime when a new connection ran one).
+// No record trial runs before the first answer, or while the usual answer
+// time is a quarter of trialTimeout or more: it would hold the connection's
+// writes for that long (a 300 ms upstream's p99 went from 306 ms to 462 ms in
+// the slow-pipelining regime when a new connection ran one, and to 504 ms in
+// TestPropertyIssue21 when the pool's first connection did).
 func TestNoTrialForSlowUpstream(t *testing.T) {
 	c := newBareConn(t, 8)
 	p := c.pool
+	if p.startTrial() {
+		t.Fatal("A trial started before the first answer")
+	}
 	p.learned.mode.usual.Store(int64(trialTimeout / 4))
 	if p.startTrial() {
 		t.Fatalf("A trial started with a usual answer time of %v", trialTimeout/4)
