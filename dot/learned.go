@@ -221,7 +221,6 @@ type answerLog struct {
 	lastAt       int64  // unix ns of the previous answer
 	lastSent     int64  // unix ns when the previous answer's call was written
 	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
-	usual        int64  // the usual answer time when last collected (0: none yet), see noteBusy
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
 	// newestSent is the write time (unix ns) of the latest-written call
 	// answered on the connection: written under conn.mu, read by the sweeper
@@ -288,7 +287,7 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 		l.aloneSum += t
 		l.aloneN++
 	case seq == l.lastSeq+1 && sentAt != 0:
-		l.noteBusy(now-l.lastAt, sentAt-l.lastSent, now-sentAt)
+		l.noteBusy(now-l.lastAt, sentAt-l.lastSent)
 	}
 	l.lastSeq, l.lastAt, l.lastSent = seq, now, sentAt
 }
@@ -306,21 +305,15 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 // (slowWeight): a query waiting a whole 100 ms service time behind another is
 // what in order costs, and one such sample says as much as many of a
 // millisecond; so an upstream that answers a few queries a second is learned
-// in order from a few answers, not from seconds of them.
-//
-// When queries come about one service time apart, the gap and the send gap
-// are alike either way; then the answer's own time tells: one that waited
-// behind another took that much longer than the usual answer time of a query
-// alone on its connection (usual, 0 if none yet). excess is the larger of the
-// two measures of the wait.
-func (l *answerLog) noteBusy(gap, sendGap, took int64) {
+// in order from a few answers, not from seconds of them. (An answer that
+// took longer than the usual answer time is no such evidence: a concurrent
+// upstream's slow names are slow in themselves, and the hedge sends the next
+// query just as long after.)
+func (l *answerLog) noteBusy(gap, sendGap int64) {
 	if l.lastSent == 0 {
 		sendGap = 0
 	}
 	excess := gap - max(sendGap, 0)
-	if l.usual > 0 {
-		excess = max(excess, took-l.usual)
-	}
 	switch {
 	case gap >= int64(serialGap) && excess >= int64(serialGap):
 		w := slowWeight(excess)

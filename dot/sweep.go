@@ -45,10 +45,10 @@ func (c *conn) sweep(now int64, idle time.Duration) {
 // collect returns and clears what c's answers said of the upstream since the
 // last collect (see answerLog); from now on answer times count at most alone
 // for queries alone on the connection, mean for the mean.
-func (c *conn) collect(alone, mean, usual int64) answerStats {
+func (c *conn) collect(alone, mean int64) answerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.answers.aloneCeiling, c.answers.meanCeiling, c.answers.usual = alone, mean, usual
+	c.answers.aloneCeiling, c.answers.meanCeiling = alone, mean
 	return c.answers.collect()
 }
 
@@ -150,8 +150,8 @@ func (c *conn) rescuedOnlyLocked() bool {
 		return false
 	}
 	for _, cl := range c.calls {
-		if cl.tombUntil == 0 {
-			return false
+		if cl.tombUntil == 0 || !cl.lost {
+			return false // live, or given up by its caller: its late answer is awaited and counted
 		}
 	}
 	return true
@@ -264,7 +264,7 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
 	for _, c := range conns {
-		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean), m.usual.Load()))
+		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean)))
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)
