@@ -142,7 +142,7 @@ func propertySeedList(t *testing.T) []uint64 {
 	if *propertySeed != 0 {
 		return []uint64{*propertySeed}
 	}
-	seeds := readSeedsFile(t)
+	seeds := readSeedsFile(t, propertySeedsFile)
 	for s := uint64(1); s <= uint64(*propertySeeds); s++ {
 		if !slices.Contains(seeds, s) {
 			seeds = append(seeds, s)
@@ -151,11 +151,12 @@ func propertySeedList(t *testing.T) []uint64 {
 	return seeds
 }
 
-// readSeedsFile reads propertySeedsFile: a seed first on each line, # comments.
-func readSeedsFile(t *testing.T) []uint64 {
-	f, err := os.Open(propertySeedsFile)
+// readSeedsFile reads a seeds file (propertySeedsFile, knownFailuresFile): a
+// seed first on each line, # comments.
+func readSeedsFile(t *testing.T, path string) []uint64 {
+	f, err := os.Open(path)
 	if err != nil {
-		t.Fatalf("Reading the seeds that failed once: %v", err)
+		t.Fatalf("Reading the seeds of %s: %v", path, err)
 	}
 	defer f.Close()
 	var seeds []uint64
@@ -168,7 +169,7 @@ func readSeedsFile(t *testing.T) []uint64 {
 		}
 		s, err := strconv.ParseUint(fields[0], 10, 64)
 		if err != nil {
-			t.Fatalf("%s:%d: %q is not a seed: %v", propertySeedsFile, n, fields[0], err)
+			t.Fatalf("%s:%d: %q is not a seed: %v", path, n, fields[0], err)
 		}
 		seeds = append(seeds, s)
 	}
@@ -245,8 +246,10 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
-		tracingPool = *propertyTrace
-		defer func() { tracingPool = false }()
+		if *propertyTrace {
+			tracingPool.Store(true)
+			defer tracingPool.Store(false)
+		}
 		o = offerLoad(ld, propertySlack(b), func(ctx context.Context, m *dns.Msg, _ time.Time) (*dns.Msg, error) {
 			return p.Exchange(ctx, m)
 		}, func() { p.Close() }, poolErrKind)
@@ -343,7 +346,7 @@ func (o *loadOutcome) tally(i int, res askResult, ld offeredLoad, slack time.Dur
 	default:
 		o.answered++
 		o.took = append(o.took, res.took)
-		if *propertyTrace && res.took > 100*time.Millisecond && tracingPool {
+		if *propertyTrace && res.took > 100*time.Millisecond && tracingPool.Load() {
 			fmt.Fprintf(os.Stderr, "slow answer: %s arrived at %v, answered after %v\n", name, ld.arrivals[i], res.took)
 		}
 	}
