@@ -20,19 +20,29 @@ import (
 // such). The log ends with how many listed seeds still fail and which now
 // pass (take those off the list). -property.strict (make test-property)
 // fails every seed that fails: the issue's verdict.
+//
+// Under the race detector goroutines are scheduled otherwise, and seeds near
+// a margin go the other way more often: there the test is a race check of the
+// pool on raceSeeds drawn upstreams, one at a time, and its verdicts are
+// logged, not failed, but for a lost query (which no scheduling excuses). make test runs it once more without the detector, where
+// they count (see the Makefile).
 func TestProperty(t *testing.T) {
 	lim := drawLimits{maxQueries: *propertyMax, maxLength: 3 * time.Second}
 	known := readSeedsFile(t, knownFailuresFile)
 	var sum failSummary
 	var r ratchet
 	t.Cleanup(func() { sum.log(t); r.log(t, known) })
-	for _, seed := range propertySeedList(t) {
+	seeds := propertySeedList(t)
+	if raceEnabled {
+		seeds = seeds[:min(len(seeds), raceSeeds)]
+	}
+	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			if !raceEnabled {
-				// Under the race detector (make test) one at a time: on
-				// both cores at once the seeds starve the e2e tests that
-				// go test runs beside this package (a record trial of
-				// named's timed out that way).
+				// Under the race detector one at a time: on both cores
+				// at once the seeds starve the e2e tests that go test
+				// runs beside this package (a record trial of named's
+				// timed out that way).
 				t.Parallel()
 			}
 			b, ld := drawSeed(seed, lim)
@@ -48,6 +58,10 @@ func TestProperty(t *testing.T) {
 			switch {
 			case msg == "":
 				r.passed(seed)
+			case raceEnabled && len(pool.lost) == 0:
+				t.Log("Under the race detector, not judged: " + report)
+			case raceEnabled:
+				t.Error("Queries lost (under the race detector too, a loss is a bug): " + report)
 			case *propertyStrict:
 				t.Error(report)
 			case slices.Contains(known, seed):
@@ -71,9 +85,12 @@ var propertyStrict = flag.Bool("property.strict", false, "TestProperty fails eve
 // knownFailuresFile lists the seeds TestProperty still fails (issue 21).
 const knownFailuresFile = "testdata/property_known_failures.txt"
 
+// raceSeeds is how many seeds TestProperty draws under the race detector.
+const raceSeeds = 50
+
 // propertyReplays is how often a seed not known to fail is replayed before
 // its failure counts.
-const propertyReplays = 2
+const propertyReplays = 3
 
 // ratchet tallies the known failures of a TestProperty run.
 type ratchet struct {
