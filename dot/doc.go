@@ -35,8 +35,10 @@
 //   - sweep.go: the pool's timer: every tick (fast while queries are out) the
 //     watch for blocked connections and the sizing; every sweepInterval timeouts,
 //     tombstones, stall, drain, idle, and learning.
-//   - learned.go: what the pool learns of its upstream (query limit, record verdict,
-//     mode and usual answer time).
+//   - learned.go: what the pool learns of its upstream (record verdict, mode and
+//     usual answer time), and the answer log the mode is learned from.
+//   - querylimit.go: the query limit learned from a server's cuts, and restarts
+//     told apart from it.
 //   - query.go: a client's query prepared once for the upstream, and what is refused.
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.

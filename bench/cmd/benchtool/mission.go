@@ -76,12 +76,7 @@ func floorTargets(rs []Ratio) []Target {
 
 // writeMission is results.md's table of the mission's Corefile.
 func writeMission(w io.Writer, ss []Summary, rs []Ratio) {
-	var rows []Summary
-	for _, s := range ss {
-		if s.Kind == "mission" {
-			rows = append(rows, s)
-		}
-	}
+	rows := ofKind(ss, "mission")
 	if len(rows) == 0 {
 		return
 	}

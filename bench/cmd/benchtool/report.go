@@ -216,13 +216,19 @@ func writeRatios(w io.Writer, rs []Ratio) {
 	fmt.Fprintln(w)
 }
 
-func writeLatency(w io.Writer, ss []Summary) {
+// ofKind returns the summaries of one kind of run (latency, churn, mission...).
+func ofKind(ss []Summary, kind string) []Summary {
 	var rows []Summary
 	for _, s := range ss {
-		if s.Kind == "latency" {
+		if s.Kind == kind {
 			rows = append(rows, s)
 		}
 	}
+	return rows
+}
+
+func writeLatency(w io.Writer, ss []Summary) {
+	rows := ofKind(ss, "latency")
 	if len(rows) == 0 {
 		return
 	}
@@ -240,12 +246,7 @@ func writeLatency(w io.Writer, ss []Summary) {
 }
 
 func writeChurn(w io.Writer, ss []Summary) {
-	var rows []Summary
-	for _, s := range ss {
-		if s.Kind == "churn" {
-			rows = append(rows, s)
-		}
-	}
+	rows := ofKind(ss, "churn")
 	if len(rows) == 0 {
 		return
 	}
