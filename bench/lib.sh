@@ -124,6 +124,19 @@ est_conns() {
 	ss -Htn state established "( dport = :$1 )" 2>/dev/null | wc -l
 }
 
+# sample_conns PORT SECONDS: samples est_conns PORT at 1/4, 1/2 and 3/4 of a run
+# of SECONDS that has just started, and prints the middle sample and the most.
+sample_conns() {
+	local q=$(($2 * 250)) i n mid=0 most=0
+	for i in 1 2 3; do
+		sleep "$(awk -v ms="$q" 'BEGIN { printf "%.3f", ms / 1000 }')"
+		n=$(est_conns "$1")
+		[ "$i" = 2 ] && mid=$n
+		[ "$n" -gt "$most" ] && most=$n
+	done
+	echo "$mid $most"
+}
+
 # udp_rcvbuf_errors: datagrams the kernel dropped because a UDP socket's receive
 # buffer was full, machine-wide (Udp RcvbufErrors in /proc/net/snmp).
 udp_rcvbuf_errors() {

@@ -139,19 +139,14 @@ cluster_measure() {
 	dnsperf_run "$WORK/$tag.warmup" "$BENCH_WARMUP" -t 1 -d "$WORK/cluster-queries.txt"
 	dnsperf_wait || die "warm-up dnsperf failed for $tag: $(tail -3 "$WORK/$tag.warmup")"
 	cluster_queries "m$round$mode"
-	local up0 c0 c1 drops0 q=$((BENCH_SECONDS * 250)) i n most=0 mid=0
+	local up0 c0 c1 drops0 most mid
 	up0=$(unbound_counter "$WORK/upstream.conf" total.num.queries)
 	drops0=$(udp_rcvbuf_errors)
 	c0=$(cpu_ticks "$FRONT_PID")
 	local port=$DOT_PORT
 	[ "$mode" = fwd-udp ] && port=$UDP_PORT
 	dnsperf_run "$WORK/$tag.out" "$BENCH_SECONDS" -v -d "$WORK/cluster-queries.txt"
-	for i in 1 2 3; do
-		sleep "$(awk -v ms="$q" 'BEGIN { printf "%.3f", ms / 1000 }')"
-		n=$(est_conns "$port")
-		[ "$i" = 2 ] && mid=$n
-		[ "$n" -gt "$most" ] && most=$n
-	done
+	read -r mid most < <(sample_conns "$port" "$BENCH_SECONDS")
 	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
 	c1=$(cpu_ticks "$FRONT_PID")
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during the run"

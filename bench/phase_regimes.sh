@@ -47,11 +47,7 @@ regime_upstream_more() {
 " load needs about $((INORDER_QPS * ${INORDER_DELAY%ms} / 1000)) connections."
 		;;
 	slow-pipelining)
-		start_fake 0 -delay "$SLOWPIPE_DELAY"
-		REG_STOP=("$FAKE_PID")
-		REG_FAKE=1
-		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
-		REG_CONN_PORT=$FAKE_PORT
+		regime_fake 0 -delay "$SLOWPIPE_DELAY"
 		REG_SETUP="bench/cmd/fakedot (dot/dottest as a process: it answers a connection's queries concurrently, out of"\
 " order) answering every query after $SLOWPIPE_DELAY (\`-delay $SLOWPIPE_DELAY\`, every name): a pipelining upstream"\
 " whose answers are all slow, as a recursive resolver on a burst of uncached names. Nothing is blocked: more"\

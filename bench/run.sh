@@ -311,14 +311,8 @@ measure() {
 	c0=$(cpu_ticks "$FRONT_PID")
 
 	dnsperf_run "$WORK/$tag.out" "$BENCH_SECONDS" -v "$@"
-	# Sample the upstream connections at 1/4, 1/2 and 3/4 of the run.
-	local q=$((BENCH_SECONDS * 250)) i n mid=0 most=0
-	for i in 1 2 3; do
-		sleep "$(awk -v ms="$q" 'BEGIN { printf "%.3f", ms / 1000 }')"
-		n=$(est_conns "$conn_port")
-		[ "$i" = 2 ] && mid=$n
-		[ "$n" -gt "$most" ] && most=$n
-	done
+	local mid most
+	read -r mid most < <(sample_conns "$conn_port" "$BENCH_SECONDS")
 	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
 	c1=$(cpu_ticks "$FRONT_PID")
 	upc1=$(cpu_ticks "$uppid")
@@ -554,11 +548,7 @@ regime_upstream() {
 " bench/conf/regime-backend.Corefile); dnsdist sends queries that came over TLS to the backend over TCP."
 		;;
 	cut-slowtail)
-		start_fake "$SLOW_CUT" -delay "$SLOW_DELAY" -delay-prefix s
-		REG_STOP=("$FAKE_PID")
-		REG_FAKE=1
-		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
-		REG_CONN_PORT=$FAKE_PORT
+		regime_fake "$SLOW_CUT" -delay "$SLOW_DELAY" -delay-prefix s
 		REG_SETUP="bench/cmd/fakedot (dot/dottest as a process: it answers a connection's queries concurrently) cutting"\
 " every connection after $SLOW_CUT answers (\`-close-after $SLOW_CUT\`: it serves the first $SLOW_CUT queries of a"\
 " connection, closes it right after the ${SLOW_CUT}th answer and never answers the queries after them, which the"\
@@ -573,11 +563,7 @@ regime_upstream() {
 " connection's queries as they come, out of order, fast: the upstream dotforward's pool was built for."
 		;;
 	churn)
-		start_fake "$cut"
-		REG_STOP=("$FAKE_PID")
-		REG_FAKE=1
-		UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
-		REG_CONN_PORT=$FAKE_PORT
+		regime_fake "$cut"
 		REG_SETUP="bench/cmd/fakedot cutting every connection after $BENCH_CHURN_AFTER answers (\`-close-after"\
 " $BENCH_CHURN_AFTER\`), and the same server without cuts as the baseline, at full speed: the churn phase of"\
 " \`make bench\` with both modes. The target is that the cuts cost dotforward no larger share of its QPS than"\
@@ -585,6 +571,16 @@ regime_upstream() {
 		;;
 	*) regime_upstream_more "$reg" || die "unknown regime $reg (BENCH_REGIMES)" ;;
 	esac
+}
+
+# regime_fake CLOSE_AFTER [FAKEDOT ARGS]: a regime's upstream is fakedot, started
+# with these arguments (see start_fake), stopped after the regime.
+regime_fake() {
+	start_fake "$@"
+	REG_STOP=("$FAKE_PID")
+	REG_FAKE=1
+	UPSTREAM_ADDR=127.0.0.1:$FAKE_PORT
+	REG_CONN_PORT=$FAKE_PORT
 }
 
 # regime_run REGIME MODE CUT QPS [ROUND]: one measured run of MODE (fwd-tls or dotforward)
