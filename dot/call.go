@@ -30,6 +30,10 @@ type call struct {
 	callerDeadline bool  // deadline is the caller's, not ReadTimeout
 	rescuable      bool  // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
 	avoid          *conn // a rescue's blocked connection, which pick skips; immutable
+	// waited: it waited for a connection (acquireSlow), so that its pick is
+	// no arrival, which a burst is made of; firstDial: it waited for the
+	// pool's first connection, which it shares (see oneEach). The caller's only.
+	waited, firstDial bool
 
 	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send
 	// the query again elsewhere; lost, when the caller gave it up because the

@@ -256,6 +256,10 @@ type serveMode struct {
 	mean   atomic.Int64 // ns: the mean answer time of all queries, smoothed
 	rescue atomic.Bool  // rescues won lately: a hint of in-order before the evidence suffices
 	waits  atomic.Bool  // answers or rescues showed queries waiting behind others lately (see rescue.go)
+	// firstOnly: usual is the pool's first answer time alone (reader.go),
+	// which the first sweep's average replaces rather than joins: one slow
+	// first answer (a cold cache upstream) is not the usual time
+	firstOnly atomic.Bool
 
 	until        int64    // unix ns until which mode holds without new evidence
 	inverted     int64    // unix ns of the last answer out of order seen
@@ -388,7 +392,11 @@ func (m *serveMode) crowdedBy(alone int64) float64 {
 // queries alone on their connection) and the mean answer time, each an average
 // over about eight sweeps with samples.
 func (m *serveMode) learnTimes(st answerStats) {
-	ewma(&m.usual, st.aloneSum, st.aloneN)
+	if st.aloneN > 0 && m.firstOnly.Swap(false) {
+		m.usual.Store(max(st.aloneSum/int64(st.aloneN), 1))
+	} else {
+		ewma(&m.usual, st.aloneSum, st.aloneN)
+	}
 	ewma(&m.mean, st.sum, st.n)
 }
 

@@ -45,8 +45,11 @@ func TestLivenessInOrderBursts(t *testing.T) {
 
 // An upstream that answers nothing for its first 300 ms (a resolver
 // starting), then every query at once: no query waits past the silence and a
-// few milliseconds, and the pool stays at a few connections (the upstream is
-// fast).
+// few milliseconds. Before its first answer the pool cannot tell it from a slow
+// upstream, and gives each waiting query a connection of its own, as forward
+// does: no more handshakes than queries. Once it has answered fast, the pool
+// pipelines: after the idle timeout the surplus is gone, and the load runs on a
+// few connections.
 func TestLivenessSilentStartThenFast(t *testing.T) {
 	var start atomic.Int64
 	const silence = 300 * time.Millisecond
@@ -55,12 +58,19 @@ func TestLivenessSilentStartThenFast(t *testing.T) {
 	}}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		start.Store(time.Now().UnixNano())
-		sm := sample(p)
-		out := offer(p, 3000, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
-		sm.end()
+		const n, gap = 3000, 500 * time.Microsecond
+		out := offer(p, n, gap, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		checkOutcomes(t, out, func(string) time.Duration { return silence + 20*time.Millisecond })
+		if h, waited := s.Handshakes(), int64(silence/gap)+1; h > waited {
+			t.Errorf("%d handshakes, want at most %d: one per query that came during the silence", h, waited)
+		}
+		time.Sleep(DefaultIdleTimeout + time.Second) // the surplus idles out (virtual time)
+		sm := sample(p)
+		out = offer(p, n, gap, func(i int) string { return fmt.Sprintf("r%d.example.", i) })
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return 20 * time.Millisecond })
 		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
-			t.Errorf("At most %d connections open, want at most %d: the upstream is fast once it answers", c, AutoMaxConnsOutOfOrder)
+			t.Errorf("At most %d connections open once the surplus idled out, want at most %d: the upstream is fast once it answers", c, AutoMaxConnsOutOfOrder)
 		}
 		t.Logf("Mode %v, %d handshakes, usual %v", p.Stats().Mode, s.Handshakes(), time.Duration(p.learned.mode.usual.Load()))
 	})

@@ -141,6 +141,10 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 		if cl.avoid != nil {
 			p.dialNow() // a rescue waits for a connection with nothing outstanding
 		}
+		cl.waited = true
+		if len(*p.conns.Load()) == 0 {
+			cl.firstDial = true
+		}
 		if err := w.wait(wake); err != nil {
 			return nil, err
 		}

@@ -104,7 +104,9 @@ func (c *conn) dispatch(frame []byte) {
 		c.pool.answered() // before the caller hears of it: its next query sees the reset
 		// The pool's first answer times the upstream at once, not at the
 		// next full sweep: until then it is untimed (see unknownQuiet).
-		c.pool.learned.mode.usual.CompareAndSwap(0, max(nanotime()-cl.sentAt.Load(), 1))
+		if m := &c.pool.learned.mode; m.usual.CompareAndSwap(0, max(nanotime()-cl.sentAt.Load(), 1)) {
+			m.firstOnly.Store(true)
+		}
 	}
 	if drop >= 0 {
 		c.pool.obs.Dropped(drop)

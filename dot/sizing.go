@@ -51,6 +51,9 @@ const (
 	// orderCheckEvery: one query in this many goes behind another on an
 	// in-order upstream, to see whether it still answers in order (orderCheckConn).
 	orderCheckEvery = 256
+	// shareWindow: before the first answer, queries that come this close
+	// together (a burst) share a connection (see oneEach).
+	shareWindow = 50 * time.Microsecond
 )
 
 // capConns is the most connections that take new queries, in force now.
@@ -58,7 +61,7 @@ func (p *Pool) capConns() int {
 	switch {
 	case p.cfg.MaxConns > 0:
 		return p.cfg.MaxConns
-	case p.learned.mode.get() == ModeInOrder:
+	case p.learned.mode.get() == ModeInOrder || p.oneEach():
 		return AutoMaxConnsInOrder
 	}
 	return AutoMaxConnsOutOfOrder
@@ -84,10 +87,34 @@ func (c *conn) accepts(a avail, cl *call) bool {
 // (see pickInTurn, pickIdle), and starts a dial when the pool will soon need
 // another connection. It returns nil if no connection had room.
 func (p *Pool) pick(cl *call) *conn {
-	if p.learned.mode.get() == ModeInOrder {
+	if p.learned.mode.get() == ModeInOrder || p.oneEach() {
 		return p.pickIdle(cl)
 	}
 	return p.pickInTurn(cl)
+}
+
+// oneEach reports whether queries go one to a connection, as forward sends
+// them, while the mode is unknown: the upstream is slow (its usual answer
+// time is unknownSlow or more) or not yet timed. A query put behind another
+// may then wait a whole answer time for it, and nothing shows yet that it need
+// not; forward would have given it a connection of its own. A burst shares
+// a connection while the upstream is not yet timed, and order checks go
+// behind another query now and then (see pickIdle): their answers show how
+// the upstream serves a connection. A fast upstream is pipelined from its
+// first answer on.
+func (p *Pool) oneEach() bool {
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
+		return false
+	}
+	switch u := p.learned.mode.usual.Load(); {
+	case u == 0:
+		// The first connection's dial is shared by the queries that come
+		// while it is under way, as before any answer nothing tells a
+		// slow upstream from a fast one that shakes hands slowly.
+		return len(*p.conns.Load()) > 0
+	default:
+		return u >= int64(unknownSlow)
+	}
 }
 
 // pickInTurn registers cl on the oldest connection with room, and starts a dial
@@ -152,6 +179,13 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 // among those). It starts a dial when fewer than inOrderSpares idle ones are
 // left (none are kept by default: forward keeps none).
 func (p *Pool) pickIdle(cl *call) *conn {
+	// Not yet timed, a query may join a burst: a connection picked less
+	// than shareWindow ago.
+	var burst *conn
+	burstSince := int64(math.MaxInt64)
+	if p.learned.mode.usual.Load() == 0 && p.learned.mode.get() == ModeUnknown && !cl.waited {
+		burstSince = nanotime() - int64(shareWindow)
+	}
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
@@ -160,6 +194,9 @@ func (p *Pool) pickIdle(cl *call) *conn {
 				continue
 			}
 			l := c.load.Load()
+			if l > 0 && l < int32(p.cfg.MaxInflight) && burst == nil && c.pickedAt.Load() > burstSince {
+				burst = c
+			}
 			if l == 0 && !c.nearEnd.Load() { // near its end: taking, but no spare
 				if idle++; idle > inOrderSpares && best != nil && load == 0 {
 					break // an idle one is taken, and the spares are left after it
@@ -177,7 +214,11 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
-		if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
+		if idle == 0 && cl.avoid == nil && (burst != nil || cl.firstDial && load < int32(p.cfg.MaxInflight)) {
+			// A burst before the first answer, or a query that waited
+			// for the pool's first connection: see oneEach.
+			best = cmp.Or(burst, best)
+		} else if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
 			// No connection is idle (one near its end, idle, is taken:
 			// load 0): as forward does, the query waits for a new one
 			// rather than go behind a busy one, but takes the first that
@@ -188,7 +229,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			return nil
 		}
 		if best.register(cl) {
-			if idle <= inOrderSpares && p.dialing.Load() < maxParallelDials {
+			if burstSince != math.MaxInt64 {
+				best.pickedAt.Store(nanotime())
+			}
+			if idle <= inOrderSpares && !p.oneEach() && p.dialing.Load() < maxParallelDials {
 				p.dialNow()
 			}
 			return best
