@@ -3,7 +3,6 @@ package dot
 import (
 	"bufio"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -81,16 +80,7 @@ func (b *batchConn) readAhead(r *bufio.Reader) {
 // socketReader is the socket, as the read-ahead buffer reads it.
 type socketReader struct{ b *batchConn }
 
-// Read yields once before it reads the socket: the reader has dispatched
-// everything the last read brought, which woke those queries' callers, and
-// while they run (each writing its answer to its client) more answers arrive.
-// Reading at once would find a few, or none: a read(2) that fails with EAGAIN,
-// a park and a wake-up for the next one. The writer yields before a write for
-// the same reason (gather). With nothing else to run, Gosched returns at once.
-func (s socketReader) Read(p []byte) (int, error) {
-	runtime.Gosched()
-	return s.b.readSocket(p)
-}
+func (s socketReader) Read(p []byte) (int, error) { return s.b.readSocket(p) }
 
 // readSocket is one read(2) on the socket. It re-arms quick ACKs (see
 // setQuickAck) if a batch was written since they were last armed: Linux goes
