@@ -85,9 +85,7 @@ func finishAnswer(q *query, frame []byte) (*dns.Msg, int, error) {
 func finishAnswerFor(q, asked *query, frame []byte) (*dns.Msg, int, error) {
 	a := new(answerMsg)
 	r := &a.msg
-	if err := r.Unpack(frame[:12]); err != nil { // the header only: sections stay nil
-		return nil, -1, wrap(ErrMalformed, err)
-	}
+	header(r, frame) // the sections are built below
 	n := len(q.question)
 	a.question[0] = dns.Question{
 		Name:   q.name,
@@ -115,6 +113,24 @@ func finishAnswerFor(q, asked *query, frame []byte) (*dns.Msg, int, error) {
 		return nil, -1, wrap(ErrMalformed, err)
 	}
 	return r, u.keepalive, nil
+}
+
+// header sets r's header from the first 12 octets of msg as miekg/dns's Unpack
+// does, without its walk of a message cut after the header (a tenth of
+// finishAnswer's time).
+func header(r *dns.Msg, msg []byte) {
+	bits := binary.BigEndian.Uint16(msg[2:])
+	r.Id = binary.BigEndian.Uint16(msg)
+	r.Response = bits&(1<<15) != 0
+	r.Opcode = int(bits>>11) & 0xF
+	r.Authoritative = bits&(1<<10) != 0
+	r.Truncated = bits&(1<<9) != 0
+	r.RecursionDesired = bits&(1<<8) != 0
+	r.RecursionAvailable = bits&(1<<7) != 0
+	r.Zero = bits&(1<<6) != 0
+	r.AuthenticatedData = bits&(1<<5) != 0
+	r.CheckingDisabled = bits&(1<<4) != 0
+	r.Rcode = int(bits & 0xF)
 }
 
 // answerMsg holds an answer, its one question and, when they are few, its records

@@ -2,6 +2,7 @@ package dot
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"reflect"
@@ -129,5 +130,23 @@ func TestFinishAnswerRecordsInRoom(t *testing.T) {
 	got.Answer[0].(*dns.A).A[3] = 99 // the addresses are the records' own
 	if a := got.Answer[2].(*dns.A).A; !a.Equal(net.IPv4(192, 0, 2, 2)) {
 		t.Errorf("the second A's address changed with the first's: %v", a)
+	}
+}
+
+// TestHeaderAsUnpack: the answer's header is read as miekg/dns reads it, for
+// every combination of the flag bits and rcode.
+func TestHeaderAsUnpack(t *testing.T) {
+	msg := make([]byte, 12)
+	binary.BigEndian.PutUint16(msg, 0xbeef)
+	for bits := range 1 << 16 {
+		binary.BigEndian.PutUint16(msg[2:], uint16(bits))
+		var want, got dns.Msg
+		if err := want.Unpack(msg); err != nil {
+			t.Fatalf("bits %#04x: miekg/dns: %v", bits, err)
+		}
+		header(&got, msg)
+		if got.MsgHdr != want.MsgHdr {
+			t.Fatalf("bits %#04x: got %+v, want %+v", bits, got.MsgHdr, want.MsgHdr)
+		}
 	}
 }
