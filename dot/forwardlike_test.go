@@ -148,3 +148,47 @@ func TestInOrderQueueRescuedOnceLearned(t *testing.T) {
 		}
 	})
 }
+
+// An upstream that serves a connection's queries side by side, each answered
+// after the same 300 ms (a uniformly slow recursive resolver), under a steady
+// load of 250 QPS: no answer ever overtakes another. While the mode is unknown
+// the pool sends each query on a connection of its own, as forward does, with
+// an order check now and then; the order checks' answers come as far apart as
+// they were written, which an in-order upstream seldom does, so the pool
+// learns from three of them that the upstream serves side by side (within
+// seconds), and then carries the load on a few full connections (forward
+// needs 75).
+func TestUniformlySlowSteadyLoadLearnedSideBySide(t *testing.T) {
+	const slow, gap = 300 * time.Millisecond, 4 * time.Millisecond
+	opts := dottest.Options{Delay: func(dns.Question) time.Duration { return slow }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(prefix string) func(int) string {
+			return func(i int) string { return fmt.Sprintf("%s%d.example.", prefix, i) }
+		}
+		// One query in orderCheckEvery is an order check, and three
+		// must agree: about 770 queries, three seconds; 12 s and 3000
+		// queries hold about 12 checks.
+		const within = 12 * time.Second
+		first := offerFor(p, int(within/gap), gap, name("a"))
+		learned := time.Duration(-1)
+		for start := time.Now(); time.Since(start) < within; time.Sleep(10 * time.Millisecond) {
+			if p.Stats().Mode == ModeOutOfOrder {
+				learned = time.Since(start)
+				break
+			}
+		}
+		checkOutcomes(t, first(), func(string) time.Duration { return slow + 20*time.Millisecond })
+		if learned < 0 {
+			t.Fatalf("Mode %v after %v, want %v", p.Stats().Mode, within, ModeOutOfOrder)
+		}
+		time.Sleep(2 * inOrderIdle) // the connections of the unknown spell close as they go idle
+		sm := sample(p)
+		out := offer(p, 1000, gap, name("b"))
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return slow + 5*time.Millisecond })
+		if c := sm.conns.Load(); c > AutoMaxConnsOutOfOrder {
+			t.Errorf("At most %d connections open once learned, want at most %d", c, AutoMaxConnsOutOfOrder)
+		}
+		t.Logf("Learned %v after %v; %d handshakes", ModeOutOfOrder, learned, s.Handshakes())
+	})
+}

@@ -108,6 +108,7 @@ type answerLog struct {
 	lastAt       int64  // unix ns of the previous answer
 	lastSent     int64  // unix ns when the previous answer's call was written
 	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
+	sideSend     int64  // a busy answer to a call written this soon after the previous one shows, if no later than it, side-by-side service (see noteBusy; 0: none)
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
 	// newestSent is the write time (unix ns) of the latest-written call
 	// answered on the connection: written under conn.mu, read by the sweeper
@@ -138,6 +139,11 @@ type evidence struct {
 	// waited behind it (an answer slow in itself comes as long after its own
 	// write as the previous one did)
 	queued float64
+	// side: of the busy answers, those to a call written within sideSend
+	// of the previous one that came no more than serialGap later than the
+	// send gap: served side by side with it (in order, the gap would be
+	// its own answer time, a quarter of the usual one or more)
+	side float64
 }
 
 // serialGap: a call that waited behind another answer and came this long or
@@ -209,6 +215,9 @@ func (l *answerLog) noteBusy(gap, sendGap int64) {
 	case gap < int64(serialGap) && sendGap >= int64(minRescueDelay):
 		l.busy++
 		l.queued++
+	case l.sideSend > 0 && sendGap < l.sideSend && excess < int64(serialGap):
+		l.busy++
+		l.side++
 	default:
 		l.busy++
 	}
@@ -238,6 +247,7 @@ func (st *answerStats) add(o answerStats) {
 	st.busy += o.busy
 	st.busySlow += o.busySlow
 	st.queued += o.queued
+	st.side += o.side
 	st.aloneSum += o.aloneSum
 	st.aloneN += o.aloneN
 	st.sum += o.sum
@@ -276,6 +286,8 @@ type serveMode struct {
 const (
 	minRescueEvidence = 2    // rescues won (decayed count) that make an upstream in-order
 	minSlowEvidence   = 8    // busy answers at least serialGap apart (decayed count)...
+	minSideEvidence   = 3    // busy answers served side by side (decayed count)...
+	sideShare         = 3    // ...that outnumber the slow gaps this many times
 	slowShare         = 0.75 // ...that are this share of the busy answers
 	// gainFactor: after in order was left as crowded (see gainless), slow
 	// gaps make it in order again only while the mean answer time is this
@@ -345,6 +357,12 @@ func (m *serveMode) decay(e evidence) {
 	a.busy = a.busy*7/8 + e.busy
 	a.busySlow = a.busySlow*7/8 + e.busySlow
 	a.queued = a.queued*7/8 + e.queued
+	if e.busy > 0 {
+		// Side-by-side evidence comes only from order checks while queries
+		// go one to a connection, a few a second: it fades with each new
+		// busy answer, not with time, or it would never add up.
+		a.side = a.side*7/8 + e.side
+	}
 }
 
 // decide is update's decision, from the mode old.
@@ -359,6 +377,12 @@ func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
 	case old == ModeInOrder && m.crowdedBy(alone) >= minCrowdedEvidence:
 		m.gainless = m.mean.Load()
 		return ModeUnknown
+	case old == ModeUnknown && a.side >= minSideEvidence && a.side >= sideShare*a.busySlow:
+		// A slow upstream answering the queries of one connection side
+		// by side, each in the same time: no answer overtakes another,
+		// yet none waited for the one before.
+		m.until = now + int64(learnedTTL)
+		return ModeOutOfOrder
 	case now-m.inverted < int64(outOfOrderQuiet):
 	case a.rescued >= minRescueEvidence || slowGaps && gain:
 		if e.rescued > 0 || e.busySlow > 0 || old != ModeInOrder {

@@ -71,8 +71,20 @@ func TestAnswerLog(t *testing.T) {
 	for i := range int64(10) {
 		u.note(uint32(i+1), (10+4*i)*ms, (310+4*i)*ms, true)
 	}
-	if st := u.collect(); st.busy != 9 || st.busySlow != 0 || st.queued != 0 {
-		t.Errorf("Uniformly slow: evidence %+v, want 9 busy answers, none slow or queued", st.evidence)
+	if st := u.collect(); st.busy != 9 || st.busySlow != 0 || st.queued != 0 || st.side != 0 {
+		t.Errorf("Uniformly slow: evidence %+v, want 9 busy answers, none slow, queued or side by side", st.evidence)
+	}
+	// The same, timed (usual 300 ms: sideSend 75 ms): the calls written
+	// 4 ms apart and answered as far apart were served side by side; an
+	// in-order upstream would have answered each 300 ms after the one
+	// before. A call written 100 ms after the previous one shows nothing.
+	u.sideSend = 75 * ms
+	for i := range int64(10) {
+		u.note(uint32(i+11), (1000+4*i)*ms, (1300+4*i)*ms, true)
+	}
+	u.note(21, 1136*ms, 1436*ms, true)
+	if st := u.collect(); st.side != 9 || st.busy != 10 || st.busySlow != 0 {
+		t.Errorf("Uniformly slow, timed: evidence %+v, want 10 busy answers, 9 side by side, none slow", st.evidence)
 	}
 	if st.evidence != want || st.aloneN != 2 || st.aloneSum != 3*ms {
 		t.Errorf("Evidence %+v, alone %d answers taking %v in all; want %+v, 2 answers taking 3ms", st.evidence, st.aloneN, time.Duration(st.aloneSum), want)
@@ -120,6 +132,19 @@ func TestServeModeUpdate(t *testing.T) {
 	m.usual.Store(int64(time.Millisecond))
 	m.acc = evidence{}
 	step(evidence{busy: 10, busySlow: 9}, ModeInOrder)
+	// Unknown, answers served side by side (order checks of a uniformly
+	// slow upstream): minSideEvidence of them, outnumbering slow gaps
+	// sideShare times, make it out of order; fewer, or with slow gaps
+	// among them, do not.
+	now += int64(learnedTTL)
+	step(evidence{}, ModeUnknown)
+	now += int64(outOfOrderQuiet)
+	m.acc = evidence{}
+	step(evidence{busy: 2, side: 2}, ModeUnknown)     // side 2
+	step(evidence{busy: 2, busySlow: 2}, ModeUnknown) // side 1.75, slow 2
+	step(evidence{busy: 1, side: 1}, ModeUnknown)     // side 2.53, slow 1.75
+	step(evidence{busy: 1, side: 1}, ModeUnknown)     // side 3.21, slow 1.53: not three times
+	step(evidence{busy: 3, side: 3}, ModeOutOfOrder)  // side 5.81, slow 1.34
 }
 
 // In order, queries alone on their connection answered four times as slowly

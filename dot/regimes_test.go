@@ -456,8 +456,10 @@ func TestRegimeDistantInOrderStorm(t *testing.T) {
 		sm.end()
 		recovered := out[int((stormEnd+3*time.Second)/gap):]
 		checkOutcomes(t, recovered, func(string) time.Duration { return 2 * service })
-		if m := p.Stats().Mode; m != ModeInOrder {
-			t.Errorf("Mode 4 s after the storm = %v, want %v", m, ModeInOrder)
+		// In order, or unknown and slow: either way each query has a
+		// connection of its own (see oneEach).
+		if m := p.Stats().Mode; m != ModeInOrder && !p.oneEach() {
+			t.Errorf("Mode 4 s after the storm = %v (usual answer time %v), want %v, or unknown and a query a connection", m, time.Duration(p.learned.mode.usual.Load()), ModeInOrder)
 		}
 		if c := sm.conns.Load(); c < 15 {
 			t.Errorf("At most %d connections open 3 s after the storm, want 15 or more (15 queries in flight)", c)

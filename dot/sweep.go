@@ -45,10 +45,10 @@ func (c *conn) sweep(now int64, idle time.Duration) {
 // collect returns and clears what c's answers said of the upstream since the
 // last collect (see answerLog); from now on answer times count at most alone
 // for queries alone on the connection, mean for the mean.
-func (c *conn) collect(alone, mean int64) answerStats {
+func (c *conn) collect(alone, mean, side int64) answerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.answers.aloneCeiling, c.answers.meanCeiling = alone, mean
+	c.answers.aloneCeiling, c.answers.meanCeiling, c.answers.sideSend = alone, mean, side
 	return c.answers.collect()
 }
 
@@ -267,8 +267,12 @@ const inOrderIdle = time.Second
 func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
+	side := int64(0) // a fast upstream's gaps are too short to tell side by side from in turn
+	if u := m.usual.Load(); u >= int64(unknownSlow) {
+		side = u / 4
+	}
 	for _, c := range conns {
-		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean)))
+		st.add(c.collect(ceiling(&m.usual), ceiling(&m.mean), side))
 	}
 	st.rescued = float64(p.rescuesWon.Swap(0))
 	m.learnTimes(st)
