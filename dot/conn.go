@@ -306,8 +306,7 @@ func (c *conn) blocked() bool {
 }
 
 // quiet reports whether the sweeper found c reading nothing for the rescue
-// delay while queries wait behind another (or, the mode unknown, for
-// unknownQuiet while one is outstanding), it has read nothing since, and
+// delay while queries wait behind another, it has read nothing since, and
 // something is still outstanding: nothing shows yet that they are blocked (see
 // rescue.go), but a query put there may be, so one goes there only if no
 // other connection has room.

@@ -38,7 +38,6 @@ func TestDesignNumbers(t *testing.T) {
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
-		"unknownQuietFloor":        unknownQuietFloor,
 		"rescueShare":              rescueShare,
 		"maxRescueBurst":           maxRescueBurst,
 		"maxParallelDials":         maxParallelDials,

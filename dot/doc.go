@@ -85,11 +85,12 @@
 //     answers came queued behind others lately, a query written after it was
 //     answered, or it has waited four mean answer times); it takes no new query.
 //   - quiet: a connection that has read nothing for the rescue delay while
-//     queries wait behind an older one, not (yet) shown blocked; or, the mode
-//     unknown and the upstream slow or not yet timed, one that has read
-//     nothing for unknownQuietFloor with a query out: it takes new queries
-//     only when no other connection has room (and, in the second case, none
-//     can be dialled for them: the query waits for one, as forward would).
+//     queries wait behind an older one, not (yet) shown blocked: it takes new
+//     queries only when no other connection has room.
+//   - one each: while the mode is unknown and the upstream slow or not yet
+//     timed, each query goes to a connection with nothing outstanding or
+//     waits for one dialled for it, as forward sends them (oneEach); a burst
+//     before the first answer shares one.
 //   - rescue: a query stuck on a blocked connection is sent once more on another
 //     (idle) connection; the first answer of the two attempts wins (firstOfTwo),
 //     the other is given up and its late answer dropped (reason rescued). A

@@ -3,6 +3,7 @@ package dot
 import (
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -15,11 +16,10 @@ import (
 // forward over drawn upstreams.
 
 // An upstream whose mode is not known, timed slow (answers take 100 ms, one
-// at a time), and then a query that takes 500 ms: once its connection has
-// read nothing for the usual answer time and 5 ms more, it is quiet, and the
-// next queries wait for connections dialled for them instead of queueing
-// behind it. Each is answered in one service time and a handshake.
-func TestSlowUnknownUpstreamQuietConnectionDialsForWaiters(t *testing.T) {
+// at a time), and then a query that takes 500 ms: the next queries each get a
+// connection of their own, as forward would send them (see oneEach), instead
+// of queueing behind it. Each is answered in one service time and a handshake.
+func TestSlowUnknownUpstreamOneQueryAConnection(t *testing.T) {
 	const service, slow, handshake = 100 * time.Millisecond, 500 * time.Millisecond, time.Millisecond
 	delay := func(q dns.Question) time.Duration {
 		if q.Name == "slow.example." {
@@ -33,7 +33,7 @@ func TestSlowUnknownUpstreamQuietConnectionDialsForWaiters(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { _, err := exchange(p, "slow.example."); done <- err }()
-		time.Sleep(service + unknownQuietFloor + minWatchInterval)
+		synctest.Wait() // the slow query is out
 		out := offer(p, 10, 10*time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		checkOutcomes(t, out, func(string) time.Duration { return service + 2*handshake })
 		if err := <-done; err != nil {

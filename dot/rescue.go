@@ -113,7 +113,6 @@ func (p *Pool) rescueDelay() int64 {
 type blockWatch struct {
 	reads int64 // the connection's frames read at the last tick
 	since int64 // unix ns since when reads has not moved
-	busy  int64 // unix ns of the first tick that found queries outstanding, since it last found none; 0: none
 }
 
 // watch runs on every tick. It finds blocked connections and rescues the calls
@@ -133,12 +132,8 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 			w.since = min(w.since+late, now)
 		}
 		busy = busy || c.load.Load() > 0
-		switch {
-		case c.load.Load() == 0:
-			w.busy = 0
+		if c.load.Load() == 0 {
 			c.quietAt.Store(0) // waiting for nothing: a new query waits behind nobody
-		case w.busy == 0:
-			w.busy = now
 		}
 	}
 	mode := p.learned.mode.get()
@@ -147,7 +142,6 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 	if mode == ModeInOrder || p.learned.mode.waits.Load() {
 		w.after = math.MaxInt64 // every query waits behind those before it
 	}
-	unknownQuiet := p.unknownQuiet(mode)
 	for _, c := range conns {
 		// A connection whose answers wait unread in its socket is not stuck
 		// behind a slow one: its reader is behind, and rescues would only
@@ -165,46 +159,14 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 				c.quietAt.Store(c.watch.reads + 1)
 			}
 			c.rescueStuck(&w)
-		case c.load.Load() >= 1 && now-max(c.watch.since, c.watch.busy) >= unknownQuiet:
-			c.quietAt.Store(c.watch.reads + 1)
 		}
 	}
 	return busy, total
 }
 
-// unknownQuiet is how long a connection with a query outstanding may read
-// nothing before it is quiet (takes new queries last) while the mode is
-// unknown and the upstream is slow or not yet timed (its usual answer time is
-// unknownSlow or more, or none yet): unknownQuietFloor (never, otherwise).
-// Until the pool knows how such an upstream serves a connection, a query put
-// behind one that has gone unanswered that long may wait for all of it, as on
-// an in-order upstream: it goes to another connection, dialled for it (quiet
-// ones do not count toward the cap then, see countsTowardCap), as forward
-// would send it. On a slow upstream that costs no time, only connections, and
-// never more than forward opens; queries that came together still share one,
-// and show by their order whether the upstream serves them side by side. A
-// fast upstream that pauses now and then (unbound on a busy machine) pauses
-// every connection alike, so that more would not help: once timed fast, its
-// connections are not made quiet this way.
-func (p *Pool) unknownQuiet(mode Mode) int64 {
-	u := p.learned.mode.usual.Load()
-	if mode != ModeUnknown || u != 0 && u < int64(unknownSlow) {
-		return math.MaxInt64
-	}
-	return int64(unknownQuietFloor)
-}
-
-// slowUnknown reports whether the mode is unknown and the upstream slow or
-// not yet timed (see unknownQuiet).
-func (p *Pool) slowUnknown() bool {
-	return p.unknownQuiet(p.learned.mode.get()) != math.MaxInt64
-}
-
 const (
-	// unknownQuietFloor: see unknownQuiet. The property test allows the
-	// pool a p99 5 ms above forward's.
-	unknownQuietFloor = 5 * time.Millisecond
-	// unknownSlow: see unknownQuiet.
+	// unknownSlow: while the mode is unknown, an upstream whose usual
+	// answer time is this or more gets a query a connection (see oneEach).
 	unknownSlow = 10 * time.Millisecond
 )
 

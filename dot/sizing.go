@@ -149,13 +149,8 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		}
 		if best == nil {
 			// Every connection with room is quiet: its queries may wait
-			// behind a slow one, so the next connection is dialled now.
-			// Unknown, the query waits for it (or for the first
-			// connection to read again), as forward would; known out
-			// of order, it goes to the least loaded quiet one.
-			if quiet != nil && cl.avoid == nil && p.cfg.MaxConns == 0 && p.slowUnknown() && p.dialForWaiter() {
-				return nil
-			}
+			// behind a slow one, so the next connection is dialled now,
+			// and the query goes to the least loaded quiet one.
 			best, load, more = quiet, quietLoad, true
 		}
 		if best == nil {
@@ -300,14 +295,6 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	taking := n.steady()
 	if p.countsTowardCap(availBlocked) {
 		taking += n.n[availBlocked]
-	}
-	if waiter && p.cfg.MaxConns == 0 && p.slowUnknown() && p.learned.mode.usual.Load() != 0 {
-		// A slow upstream's quiet connection may hold its queries for a
-		// whole answer time each (see unknownQuiet): a query that waits
-		// for a connection of its own does not count it. Not yet timed,
-		// the first answer may as well be a fast upstream's, late once
-		// (a slow query first, a pause): the cap holds until it is.
-		taking -= n.n[availQuiet]
 	}
 	if p.dials >= p.dialLimitLocked(n.n[availNearEnd], waiter) {
 		return false

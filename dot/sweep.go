@@ -208,8 +208,6 @@ func (p *Pool) sweepLoop() {
 		p.size(now, reads, conns, sweep)
 		d := full
 		switch {
-		case busy && p.slowUnknown():
-			d = minWatchInterval // a quiet connection is seen within a few ms (see unknownQuiet)
 		case busy:
 			d = min(max(time.Duration(p.rescueDelay()/4), minWatchInterval), full)
 		}
