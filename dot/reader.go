@@ -103,7 +103,7 @@ func (c *conn) dispatch(frame []byte) {
 	if first {
 		c.pool.answered() // before the caller hears of it: its next query sees the reset
 		// The pool's first answer times the upstream at once, not at the
-		// next full sweep: until then it is untimed (see oneEach).
+		// next full sweep: until then it is untimed (see slowUnknown).
 		if m := &c.pool.learned.mode; m.usual.CompareAndSwap(0, max(nanotime()-cl.sentAt.Load(), 1)) {
 			m.firstOnly.Store(true)
 		}

@@ -166,7 +166,7 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 
 const (
 	// unknownSlow: while the mode is unknown, an upstream whose usual
-	// answer time is this or more gets a query a connection (see oneEach).
+	// answer time is this or more gets a query a connection (see slowUnknown).
 	unknownSlow = 10 * time.Millisecond
 )
 

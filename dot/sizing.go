@@ -61,7 +61,7 @@ func (p *Pool) capConns() int {
 	switch {
 	case p.cfg.MaxConns > 0:
 		return p.cfg.MaxConns
-	case p.learned.mode.get() == ModeInOrder || p.oneEach():
+	case p.oneEach():
 		return AutoMaxConnsInOrder
 	}
 	return AutoMaxConnsOutOfOrder
@@ -87,22 +87,28 @@ func (c *conn) accepts(a avail, cl *call) bool {
 // (see pickInTurn, pickIdle), and starts a dial when the pool will soon need
 // another connection. It returns nil if no connection had room.
 func (p *Pool) pick(cl *call) *conn {
-	if p.learned.mode.get() == ModeInOrder || p.oneEach() {
+	if p.oneEach() {
 		return p.pickIdle(cl)
 	}
 	return p.pickInTurn(cl)
 }
 
-// oneEach reports whether queries go one to a connection, as forward sends
-// them, while the mode is unknown: the upstream is slow (its usual answer
-// time is unknownSlow or more) or not yet timed. A query put behind another
+// oneEach reports whether each query goes to a connection of its own (or
+// waits for one dialled for it), as forward sends them, and the pool opens as
+// many as the load needs: the upstream is in order, or slowUnknown.
+func (p *Pool) oneEach() bool {
+	return p.learned.mode.get() == ModeInOrder || p.slowUnknown()
+}
+
+// slowUnknown reports whether the mode is unknown and the upstream slow (its
+// usual answer time is unknownSlow or more) or not yet timed. A query put behind another
 // may then wait a whole answer time for it, and nothing shows yet that it need
 // not; forward would have given it a connection of its own. A burst shares
 // a connection while the upstream is not yet timed, and order checks go
 // behind another query now and then (see pickIdle): their answers show how
 // the upstream serves a connection. A fast upstream is pipelined from its
 // first answer on.
-func (p *Pool) oneEach() bool {
+func (p *Pool) slowUnknown() bool {
 	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
 		return false
 	}
@@ -227,7 +233,11 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			if burstSince != math.MaxInt64 {
 				best.pickedAt.Store(nanotime())
 			}
-			if idle <= inOrderSpares && !p.oneEach() && p.dialing.Load() < maxParallelDials {
+			// In order, the next connection is dialled when none is left
+			// idle; not while the mode is unknown: each dial then is for a
+			// query that waits (the property test found these spares to
+			// be connections more than forward opens).
+			if idle <= inOrderSpares && !p.slowUnknown() && p.dialing.Load() < maxParallelDials {
 				p.dialNow()
 			}
 			return best
@@ -300,7 +310,7 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 		return false
 	}
 	capConns := p.capConns()
-	if p.learned.mode.get() == ModeInOrder && p.cfg.MaxConns == 0 && !waiter {
+	if p.oneEach() && p.cfg.MaxConns == 0 && !waiter {
 		// What the load needs, as the sweeper last saw it; a query that
 		// waits for a connection of its own is what the load needs now.
 		capConns = min(capConns, max(int(p.needed.Load()), 1))
@@ -363,7 +373,7 @@ func (p *Pool) dialLimitLocked(ending int, waiter bool) int {
 		// A query that waits for a connection of its own (dialForWaiter):
 		// one dial per waiting query, as forward would.
 		return max(maxParallelDials, short, int(p.waiters.Load())+1)
-	case p.learned.mode.get() == ModeInOrder || p.learned.limit.get() != 0:
+	case p.oneEach() || p.learned.limit.get() != 0:
 		return max(maxParallelDials, short)
 	}
 	return min(1+short, maxParallelDials)
@@ -470,7 +480,7 @@ func (p *Pool) wanted(busy, inflight, needed int) int {
 	if busy == 0 {
 		return 0
 	}
-	if p.learned.mode.get() == ModeInOrder {
+	if p.oneEach() {
 		n := busy + inOrderSpares
 		if p.cfg.MaxConns == 0 {
 			n = min(n, needed)

@@ -144,17 +144,17 @@ func earliest(oldest, next, cl *call) (*call, *call) {
 // nothing outstanding but queries answered elsewhere (rescued, or given up):
 // the upstream serves them one at a time, for nobody, and the connection
 // takes no query until they are all answered. Closing it ends that work.
-// While queries go one to a connection (oneEach), a connection whose every
-// query was given up (timed out) is closed too, as forward closes one on a
-// read timeout: it takes no query until its late answers come, which may be
-// never. c.mu must be held.
+// While the mode is unknown and the upstream slow (slowUnknown), a connection
+// whose every query was given up (timed out) is closed too, as forward closes
+// one on a read timeout: it takes no query until its late answers come,
+// which may be never. c.mu must be held.
 func (c *conn) rescuedOnlyLocked() bool {
-	oneEach := c.pool.oneEach()
-	if len(c.calls) == 0 || !oneEach && c.pool.learned.mode.get() != ModeInOrder {
+	slow := c.pool.slowUnknown()
+	if len(c.calls) == 0 || !slow && c.pool.learned.mode.get() != ModeInOrder {
 		return false
 	}
 	for _, cl := range c.calls {
-		if cl.tombUntil == 0 || !cl.lost && !oneEach {
+		if cl.tombUntil == 0 || !cl.lost && !slow {
 			return false // live, or given up by its caller: its late answer is awaited and counted
 		}
 	}
@@ -241,7 +241,7 @@ const minWatchInterval = minRescueDelay / 4
 func (p *Pool) sweepAll(now int64, conns []*conn) {
 	n := countConns(conns)
 	surplus := n.open()
-	if p.learned.mode.get() == ModeInOrder {
+	if p.oneEach() {
 		surplus -= p.sizer.keepInOrder()
 	} else {
 		surplus -= p.capConns()
