@@ -142,6 +142,7 @@ func (c *conn) register(cl *call) bool {
 	c.calls[cl.id] = cl
 	c.load.Store(int32(len(c.calls)))
 	c.accepted++
+	cl.nth = c.accepted
 	c.checkQueryLimitLocked()
 	c.mu.Unlock()
 	c.lastUsed.Store(c.pool.clock.Load())
@@ -177,6 +178,9 @@ func (c *conn) checkQueryLimitLocked() {
 }
 
 // setQueryLimit applies a newly learned query limit to an open connection.
+// The calls it holds beyond the limit are sent again elsewhere now: the server
+// ignores them (or cuts the connection before answering them), and left in
+// place they would wait for its cut, which comes after its slowest answer.
 func (c *conn) setQueryLimit(limit int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -185,6 +189,30 @@ func (c *conn) setQueryLimit(limit int) {
 	}
 	c.queryLimit = limit
 	c.checkQueryLimitLocked()
+	if c.accepted > limit {
+		c.evictBeyondLocked(limit, nanotime())
+	}
+}
+
+// evictBeyondLocked completes the live calls placed after the limit-th: one
+// not yet written moves elsewhere at no cost (errUnsent); a written one is
+// replayed (a connLostError as if the server had cut it, which it will) and
+// leaves a tombstone, marked lost so that it is not taken for a black hole,
+// for its answer in case the server serves it after all. c.mu must be held;
+// the completions do not block (see call.complete).
+func (c *conn) evictBeyondLocked(limit int, now int64) {
+	lost := &connLostError{cause: errBeyondLimit, replayable: true, serverCut: true}
+	for _, cl := range c.calls {
+		switch {
+		case cl.tombUntil != 0 || cl.nth <= limit:
+		case cl.state.CompareAndSwap(callQueued, callAbandoned):
+			c.removeLocked(cl)
+			cl.complete(result{err: errUnsent})
+		case int(cl.seq) > limit: // written (seq is set before the state)
+			cl.tombUntil, cl.lost = now+int64(c.pool.cfg.TombstoneTTL), true
+			cl.complete(result{err: lost})
+		}
+	}
 }
 
 // removeLocked deletes cl's entry, live or tombstone. c.mu must be held.
