@@ -396,8 +396,14 @@ func (c *conn) keepalive(units int) {
 		c.setDrainingLocked(CloseDrain)
 		return
 	}
-	if t := time.Duration(units) * 100 * time.Millisecond * 3 / 4; t < c.idle {
+	told := time.Duration(units) * 100 * time.Millisecond
+	if t := told * 3 / 4; t < c.idle {
 		c.idle = t
+	}
+	for old := c.pool.serverIdle.Load(); old == 0 || int64(told) < old; old = c.pool.serverIdle.Load() {
+		if c.pool.serverIdle.CompareAndSwap(old, int64(told)) {
+			break
+		}
 	}
 }
 
@@ -425,7 +431,8 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.tombs = 0
 	c.load.Store(0)
 	answered, served := c.answered, c.served
-	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born)}
+	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born),
+		serverIdle: time.Duration(c.pool.serverIdle.Load())}
 	c.mu.Unlock()
 
 	close(c.done)
