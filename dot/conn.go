@@ -46,6 +46,7 @@ type conn struct {
 	tombs      int              // guarded by mu
 	answered   int              // guarded by mu: answers delivered on this connection
 	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
+	lastServed uint32           // guarded by mu: the highest write order (call.seq) the server served
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
 	state      connState        // guarded by mu; changed only by setDrainingLocked and closeFor

@@ -33,6 +33,7 @@ type Pool struct {
 	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
 	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
+	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
 	respChans     *sync.Pool              // see newRespChans
