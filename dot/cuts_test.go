@@ -133,3 +133,60 @@ func keepaliveAnswer(units uint16) func(q *dns.Msg) *dns.Msg {
 		return r
 	}
 }
+
+// A server that ignores the queries past its limit and cuts a connection only
+// after its slowest answer: every connection's 20th query takes 1.5 s, so
+// that none is cut before, and each answers nothing written after it while
+// newer connections answer queries written later. They are silent at a
+// limit: the pool learns it from two of them (after as many answers) and
+// sends their ignored queries elsewhere at once, instead of leaving them to
+// wait for the slow answers and the cuts.
+func TestSilentConnectionsTeachTheLimit(t *testing.T) {
+	const limit, slow = 20, 1500 * time.Millisecond
+	opts := dottest.Options{CloseAfter: limit, SlowNth: limit, Slow: slow, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "order.example." {
+			return 20 * time.Millisecond
+		}
+		return time.Millisecond
+	}}
+	mod := func(c *Config) { c.MaxInflight = 30 }
+	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// Timed fast, so that queries share connections; then out of
+		// order: the third answer overtakes the second.
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := exchange(p, "order.example."); done <- err }()
+		synctest.Wait() // written first
+		if _, err := exchange(p, "overtakes.example."); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if m := p.Stats().Mode; m != ModeOutOfOrder {
+			t.Fatalf("Mode %v, want out of order", m)
+		}
+		// 1,000 QPS for 300 ms: each connection takes 30 at most, and
+		// its server answers 19 of them before the slow one.
+		out := offer(p, 300, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		// Only the 20th query of each connection is slow.
+		slowOnes := 0
+		for _, o := range out {
+			if o.err != nil {
+				t.Errorf("Query %s: %v", o.name, o.err)
+			} else if o.took > slow/4 {
+				slowOnes++
+			}
+		}
+		if h := int(s.Handshakes()); slowOnes > h {
+			t.Errorf("%d queries took over %v, want at most one per connection (%d)", slowOnes, slow/4, h)
+		}
+		// Silent after 19 answers: 19 less one, the margin (see queryLimit.learn).
+		if l := p.learned.limit.get(); l != limit-2 {
+			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		}
+	})
+}
