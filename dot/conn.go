@@ -46,6 +46,7 @@ type conn struct {
 	tombs      int              // guarded by mu
 	answered   int              // guarded by mu: answers delivered on this connection
 	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
+	lastServed uint32           // guarded by mu: the highest write order (call.seq) the server served
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
 	state      connState        // guarded by mu; changed only by setDrainingLocked and closeFor
@@ -142,6 +143,7 @@ func (c *conn) register(cl *call) bool {
 	c.calls[cl.id] = cl
 	c.load.Store(int32(len(c.calls)))
 	c.accepted++
+	cl.nth = c.accepted
 	c.checkQueryLimitLocked()
 	c.mu.Unlock()
 	c.lastUsed.Store(c.pool.clock.Load())
@@ -177,6 +179,9 @@ func (c *conn) checkQueryLimitLocked() {
 }
 
 // setQueryLimit applies a newly learned query limit to an open connection.
+// The calls it holds beyond the limit are sent again elsewhere now: the server
+// ignores them (or cuts the connection before answering them), and left in
+// place they would wait for its cut, which comes after its slowest answer.
 func (c *conn) setQueryLimit(limit int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -185,6 +190,30 @@ func (c *conn) setQueryLimit(limit int) {
 	}
 	c.queryLimit = limit
 	c.checkQueryLimitLocked()
+	if c.accepted > limit {
+		c.evictBeyondLocked(limit, nanotime())
+	}
+}
+
+// evictBeyondLocked completes the live calls placed after the limit-th: one
+// not yet written moves elsewhere at no cost (errUnsent); a written one is
+// replayed (a connLostError as if the server had cut it, which it will) and
+// leaves a tombstone, marked lost so that it is not taken for a black hole,
+// for its answer in case the server serves it after all. c.mu must be held;
+// the completions do not block (see call.complete).
+func (c *conn) evictBeyondLocked(limit int, now int64) {
+	lost := &connLostError{cause: errBeyondLimit, replayable: true, serverCut: true}
+	for _, cl := range c.calls {
+		switch {
+		case cl.tombUntil != 0 || cl.nth <= limit:
+		case cl.state.CompareAndSwap(callQueued, callAbandoned):
+			c.removeLocked(cl)
+			cl.complete(result{err: errUnsent})
+		case int(cl.seq) > limit: // written (seq is set before the state)
+			cl.tombUntil, cl.lost = now+int64(c.pool.cfg.TombstoneTTL), true
+			cl.complete(result{err: lost})
+		}
+	}
 }
 
 // removeLocked deletes cl's entry, live or tombstone. c.mu must be held.
@@ -367,8 +396,14 @@ func (c *conn) keepalive(units int) {
 		c.setDrainingLocked(CloseDrain)
 		return
 	}
-	if t := time.Duration(units) * 100 * time.Millisecond * 3 / 4; t < c.idle {
+	told := time.Duration(units) * 100 * time.Millisecond
+	if t := told * 3 / 4; t < c.idle {
 		c.idle = t
+	}
+	for old := c.pool.serverIdle.Load(); old == 0 || int64(told) < old; old = c.pool.serverIdle.Load() {
+		if c.pool.serverIdle.CompareAndSwap(old, int64(told)) {
+			break
+		}
 	}
 }
 
@@ -396,7 +431,8 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.tombs = 0
 	c.load.Store(0)
 	answered, served := c.answered, c.served
-	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born)}
+	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born),
+		serverIdle: time.Duration(c.pool.serverIdle.Load())}
 	c.mu.Unlock()
 
 	close(c.done)

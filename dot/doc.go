@@ -37,8 +37,8 @@
 //     tombstones, stall, drain, idle, and learning.
 //   - learned.go: what the pool learns of its upstream (record verdict, mode and
 //     usual answer time), and the answer log the mode is learned from.
-//   - querylimit.go: the query limit learned from a server's cuts, and restarts
-//     told apart from it.
+//   - querylimit.go: the query limit learned from a server's cuts (and from
+//     silent connections, see sweep.go), and restarts told apart from it.
 //   - query.go: a client's query prepared once for the upstream, and what is refused.
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.
@@ -62,7 +62,12 @@
 //   - stall: a connection that reads nothing while queries wait (see sweep.go).
 //   - query limit: the calls a server serves on one connection before it cuts it,
 //     learned from its cuts (one at 16 answers or more, else two like ones in a
-//     row); connections drain before reaching it.
+//     row) or from two connections silent after as many answers; connections
+//     drain before reaching it, and the calls one holds beyond it when it is
+//     learned are replayed at once (evicted).
+//   - silent: a connection to an out-of-order upstream that answers nothing
+//     written after its Nth call while later calls are answered elsewhere: the
+//     server ignores the calls past its limit until its slowest answer (sweep.go).
 //   - record verdict: whether the upstream reads every query of a TLS record
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order

@@ -50,6 +50,11 @@ var errSaturated = errors.New("every connection full and too many callers waitin
 // TLS; the caller moves it to another connection without counting an attempt.
 var errUnsent = errors.New("dot: connection closed before query was written")
 
+// errBeyondLimit is the cause of a connLostError for a query written on a
+// connection beyond the server's query limit, learned after it was written:
+// the server will not answer it there (see conn.evictBeyondLocked).
+var errBeyondLimit = errors.New("dot: written beyond the server's query limit")
+
 // connLostError is returned for a written query whose connection died.
 type connLostError struct {
 	cause      error

@@ -32,6 +32,8 @@ type Pool struct {
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
+	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
+	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
 	respChans     *sync.Pool              // see newRespChans
@@ -341,9 +343,10 @@ func (p *Pool) answered() {
 
 // connLife is what a closed connection did: what connClosed judges it by.
 type connLife struct {
-	answered int           // answers delivered
-	accepted int           // queries registered
-	age      time.Duration // from handshake to close
+	answered   int           // answers delivered
+	accepted   int           // queries registered
+	age        time.Duration // from handshake to close
+	serverIdle time.Duration // the idle timeout the server told, on any connection; 0: none
 }
 
 // failed reports whether a connection that ended for reason counts as a failure of
@@ -351,12 +354,15 @@ type connLife struct {
 // or that the server closed so soon after the handshake that it cannot have been
 // its idle timeout (a server that accepts TLS and hangs up). An unused connection
 // the server closed later was closed for idleness: servers' idle timeouts (dnsdist,
-// unbound under load) can be shorter than ours.
+// unbound under load) can be shorter than ours. Later is minIdleLife, or half
+// the idle timeout the server told (RFC 7828) if that is sooner: a server
+// that tells 100 ms closes the spares of a burst within that, and strikes
+// for them put the pool in backoff with no connection left (issue 21, seed 85).
 func (l connLife) failed(reason CloseReason) bool {
 	if l.answered > 0 || (reason != CloseServer && reason != CloseError && reason != CloseStall) {
 		return false
 	}
-	return l.accepted > 0 || l.age < minIdleLife
+	return l.accepted > 0 || l.age < minIdleLife && (l.serverIdle == 0 || l.age < l.serverIdle/2)
 }
 
 // minIdleLife is the least age at which a server's close of a connection that

@@ -19,6 +19,11 @@ type queryLimit struct {
 	learnedAt int64 // unix ns when n was last set
 	prevN     int32 // n and until before that, to restore if it came of a restart
 	prevUntil int64
+	// The last connection that fell silent (see silentBeyondLocked), after
+	// how many answers, and whether another one before it did after as many.
+	silentConn   *conn
+	silentServed int
+	silentAlike  bool
 }
 
 // minLearnedLimit is the fewest answers after which one cut of a server
@@ -118,3 +123,40 @@ func (p *Pool) limitCut(served int, now int64) int32 {
 
 // alike reports whether two cuts came after as many answers, give or take one.
 func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
+
+// learnSilence is told that c's server stopped answering the queries written
+// after its served-th (see silentBeyondLocked): a query limit that cuts the
+// connection only after its slowest answer. It learns from it as from a cut,
+// and sends c's queries past it elsewhere at once whether or not the pool
+// learned a limit (a small one needs two like cuts): c drains.
+//
+// One silent connection may be one whose queries were all slow names: it
+// teaches only if another one fell silent after as many answers (give or
+// take one) before.
+func (p *Pool) learnSilence(c *conn, served int) {
+	if !p.silenceAlike(c, served) {
+		return
+	}
+	limit := p.limitCut(served, nanotime())
+	if limit == 0 {
+		c.setQueryLimit(served)
+		return
+	}
+	for _, o := range *p.conns.Load() {
+		o.setQueryLimit(int(limit))
+	}
+}
+
+// silenceAlike records c's silence after served answers and reports whether
+// another connection's last silence came after as many.
+func (p *Pool) silenceAlike(c *conn, served int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := &p.learned.limit
+	if l.silentConn == c {
+		return l.silentAlike
+	}
+	l.silentAlike = l.silentConn != nil && alike(served, l.silentServed)
+	l.silentConn, l.silentServed = c, served
+	return l.silentAlike
+}

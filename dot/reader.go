@@ -87,6 +87,7 @@ func (c *conn) dispatch(frame []byte) {
 	served := drop < 0 || drop == DropLate || drop == DropRescued
 	if served {
 		c.served++
+		c.lastServed = max(c.lastServed, cl.seq)
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
 		if c.answers.busySlow >= minSlowEvidence && !c.pool.learnDue.Load() {
 			c.pool.learnDue.Store(true) // enough to learn in order from: at the next tick, not the next full sweep

@@ -317,6 +317,11 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	}
 	if want > 0 {
 		capConns = min(capConns, want)
+	} else if l := int(p.learned.limit.get()); l > 0 && p.cfg.MaxConns == 0 {
+		// A server that serves few queries per connection: one dial per
+		// limit's worth of queries waiting for a connection, as forward
+		// dials one per query (issue 21, seed 35: six per connection).
+		capConns = max(capConns, taking+(int(p.waiters.Load())+l-1)/l)
 	}
 	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
 		return false
@@ -373,8 +378,11 @@ func (p *Pool) dialLimitLocked(ending int, waiter bool) int {
 		// A query that waits for a connection of its own (dialForWaiter):
 		// one dial per waiting query, as forward would.
 		return max(maxParallelDials, short, int(p.waiters.Load())+1)
-	case p.oneEach() || p.learned.limit.get() != 0:
+	case p.oneEach():
 		return max(maxParallelDials, short)
+	case p.learned.limit.get() != 0:
+		// And one for each limit's worth of queries waiting for a connection.
+		return max(maxParallelDials, short, int(p.waiters.Load())/int(p.learned.limit.get())+1)
 	}
 	return min(1+short, maxParallelDials)
 }

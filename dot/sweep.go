@@ -28,7 +28,14 @@ func (c *conn) sweep(now int64, idle time.Duration) {
 		}
 	}
 	v := c.closeCauseLocked(now, oldest, next, idle)
+	silent := 0
+	if v.reason < 0 {
+		silent = c.silentBeyondLocked(now)
+	}
 	c.mu.Unlock()
+	if silent > 0 {
+		c.pool.learnSilence(c, silent)
+	}
 
 	for _, cl := range expired {
 		c.pool.obs.TimedOut()
@@ -125,6 +132,51 @@ func (c *conn) drainStuckLocked(now int64, oldest *call) bool {
 	return c.state == stateDraining && oldest != nil && now-c.quietSince > int64(drainQuiet(&c.pool.cfg))
 }
 
+// silentBeyondLocked reports, for a connection to an out-of-order upstream,
+// how many queries its server answered if it has stopped answering any
+// written after them: a server with a query limit that reads the queries
+// past it and ignores them until the slowest of the first ones is answered
+// (and then cuts the connection). It does if the connection has read nothing
+// for silentAfter usual answer times while other connections read, and at
+// least minSilentBeyond live queries written after the last one served, all
+// that long ago, wait, and queries written that much later were answered
+// elsewhere. Out of order, one slow answer holds up no other, so
+// those would have been answered; in order (or not known) they may be
+// behind a slow one, which rescue.go handles. 0: it has not. c.mu must be
+// held; after drainStuckLocked, which keeps quietSince.
+func (c *conn) silentBeyondLocked(now int64) int {
+	p := c.pool
+	quiet := max(silentAfter*p.learned.mode.usual.Load(), int64(minSilentQuiet))
+	if c.state != stateOpen || p.learned.mode.get() != ModeOutOfOrder || c.lastServed == 0 ||
+		now-c.quietSince < quiet || now-p.readsGrewAt > quiet/4 {
+		return 0 // answering, or the upstream as a whole quiet (a stall)
+	}
+	beyond, newest := 0, int64(0)
+	for _, cl := range c.calls {
+		if cl.tombUntil != 0 || cl.state.Load() != callSent || cl.seq <= c.lastServed {
+			continue
+		}
+		beyond++
+		newest = max(newest, cl.sentAt.Load())
+	}
+	// Queries written well after these were answered on other connections:
+	// not a storm, which delays every answer alike.
+	if beyond < minSilentBeyond || p.sizer.newestSent-newest < quiet {
+		return 0
+	}
+	return int(c.lastServed)
+}
+
+const (
+	// silentAfter: a connection is silent (see silentBeyondLocked) after
+	// this many usual answer times without a read, and minSilentQuiet at least.
+	silentAfter    = 2
+	minSilentQuiet = 50 * time.Millisecond
+	// minSilentBeyond is the fewest unanswered queries past the last one
+	// served that show a silent connection: one or two may be slow names.
+	minSilentBeyond = 4
+)
+
 // earliest returns the two written calls sent first among oldest, next (already
 // in order, either may be nil) and cl.
 func earliest(oldest, next, cl *call) (*call, *call) {
@@ -194,6 +246,9 @@ func (p *Pool) sweepLoop() {
 		p.clock.Store(now)
 		conns := *p.conns.Load()
 		busy, reads := p.watch(now, max(now-due, 0), conns)
+		if reads > p.sizer.total {
+			p.readsGrewAt = now // before size, which takes the new total
+		}
 		sweep := now >= next
 		if sweep {
 			next = now + int64(full)

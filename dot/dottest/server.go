@@ -33,6 +33,11 @@ type Options struct {
 	// connection closes right after the Nth answer, whatever is still pending on it.
 	// 0: never.
 	CloseAfter int
+	// SlowNth holds back the answer to the SlowNth query of each connection
+	// by Slow (besides Delay): with CloseAfter, a server whose every
+	// connection is cut only after a slow answer. 0: none.
+	SlowNth int
+	Slow    time.Duration
 	// SilentAfter stops answering on each connection after its Nth answer, keeping
 	// the connection open (a black hole). 0: never.
 	SilentAfter int
@@ -359,13 +364,19 @@ func (sc *serverConn) query(wire []byte, received int) {
 		return
 	}
 	sc.noteOutstanding(1)
+	slow := time.Duration(0)
+	if received == sc.s.opts.SlowNth {
+		slow = sc.s.opts.Slow
+	}
 	if sc.s.inOrder.Load() {
+		time.Sleep(slow) // scripted slowness, as in answer
 		sc.answer(q)
 		return
 	}
 	sc.pending.Add(1)
 	go func() {
 		defer sc.pending.Done()
+		time.Sleep(slow)
 		sc.answer(q)
 	}()
 }
@@ -378,7 +389,7 @@ const answerRoom = 16 + 11
 // scripted that needs the query as a dns.Msg.
 func (s *Server) onWire() bool {
 	o := &s.opts
-	return o.Handler == nil && o.Mutate == nil && o.Raw == nil && o.Delay == nil && o.Drop == nil
+	return o.Handler == nil && o.Mutate == nil && o.Raw == nil && o.Delay == nil && o.Drop == nil && o.SlowNth == 0
 }
 
 // answerFrame writes an answer built on the wire, concurrently or in order as

@@ -1,0 +1,192 @@
+package dot
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// Servers that cut connections after N answers (issue 21, the property test's
+// "answered" class): the pool must answer as many of their queries as
+// forward, which sends one query per connection and so loses at most the one
+// a cut catches.
+
+// A connection that holds queries past the server's limit when the pool
+// learns it (from another connection's cut) sends them elsewhere at once:
+// the server ignores them, and left in place they would wait for its cut,
+// which comes only after its slowest answer (here 1.5 s, a slow name among
+// its first 20 queries).
+func TestLearnedLimitEvictsQueriesBeyondIt(t *testing.T) {
+	const limit, slow = 20, 1500 * time.Millisecond
+	opts := dottest.Options{CloseAfter: limit, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "slow.example." {
+			return slow
+		}
+		return time.Millisecond
+	}}
+	// 22 in flight: the first connection fills with the slow query and the
+	// 21 its server ignores (the 21st to 41st), and the next queries go to
+	// a second one, whose cut after 20 answers teaches the limit.
+	mod := func(c *Config) { c.MaxInflight = 22 }
+	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err) // times the upstream: fast, so queries share connections
+		}
+		slowDone := make(chan error, 1)
+		go func() { _, err := exchange(p, "slow.example."); slowDone <- err }()
+		synctest.Wait()
+		out := offer(p, 80, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		// Evicted at the second connection's cut, each is replayed within
+		// a handshake and an answer or two; left in place, 21 of them
+		// would wait for the slow answer.
+		checkOutcomes(t, out, func(string) time.Duration { return slow / 10 })
+		if err := <-slowDone; err != nil {
+			t.Errorf("The slow query: %v", err)
+		}
+		if l := p.learned.limit.get(); l != limit-1 {
+			t.Errorf("Learned limit %d, want %d", l, limit-1)
+		}
+	})
+}
+
+// A server that cuts every connection after six answers, 20 ms away (a
+// handshake is 20 ms, an answer 0.4 ms): once the limit is known, the queries
+// waiting for a connection get a dial per six of them, as forward dials one
+// per query, not the out-of-order cap of four at a time, which serves at
+// most 4 × 5 queries a handshake (1,000 QPS) while 2,000 are offered.
+func TestSmallLimitDialsForTheWaitingQueries(t *testing.T) {
+	const handshake = 20 * time.Millisecond
+	opts := dottest.Options{CloseAfter: 6, Delay: func(dns.Question) time.Duration { return 400 * time.Microsecond }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		warm := offer(p, 100, time.Millisecond, name)
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if l := p.learned.limit.get(); l != 5 {
+			t.Fatalf("Learned limit %d after the warm-up, want 5", l)
+		}
+		// 2,000 QPS for half a second: each query needs its sixth of a
+		// connection, about 7 handshakes under way at once; at four at a
+		// time the queue grows by 1,000 a second. (A query that waits may
+		// still lose the new connections' slots to later arrivals, so the
+		// median is what shows the rate: 1.4 ms with the dials, 207 ms
+		// without.)
+		out := offer(p, 1000, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("r%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return time.Second })
+		took := make([]time.Duration, len(out))
+		for i, o := range out {
+			took[i] = o.took
+		}
+		slices.Sort(took)
+		if p50 := took[len(took)/2]; p50 > handshake {
+			t.Errorf("Median answer time %v, want at most a handshake (%v); p90 %v, max %v", p50, handshake, took[len(took)*9/10], took[len(took)-1])
+		}
+	})
+}
+
+// A server whose keepalive tells a one-second idle timeout closes an unused
+// spare after 600 ms: closed for idleness, not refused (half the told timeout
+// had passed), it arms no backoff, and the next query is answered on a new
+// connection. Struck (younger than minIdleLife), it left the pool with no
+// connection and in backoff, failing every query ErrUnavailable; a server
+// telling 100 ms did that to a burst's spares (property seed 85).
+func TestToldIdleTimeoutCloseIsNoFailure(t *testing.T) {
+	const told = 10 // × 100 ms
+	opts := dottest.Options{Handler: keepaliveAnswer(told)}
+	mod := func(c *Config) { c.Backoff = Backoff{Base: time.Hour} }
+	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Duration(p.serverIdle.Load()); got != told*100*time.Millisecond {
+			t.Fatalf("Told idle timeout %v, want %v", got, told*100*time.Millisecond)
+		}
+		p.dialNow() // a spare, as a burst leaves
+		time.Sleep(10 * time.Millisecond)
+		if n := p.Stats().Conns; n != 2 {
+			t.Fatalf("%d connections, want 2", n)
+		}
+		// Past half the told timeout, before the pool's own idle close (3/4 of it).
+		time.Sleep(600 * time.Millisecond)
+		s.CloseConns()
+		synctest.Wait()
+		if f := rec.get(func(r *recorder) int { return r.failures }); f != 0 {
+			t.Errorf("Failures = %d, want 0: the server closed an unused connection at its told idle timeout", f)
+		}
+		if _, err := exchange(p, "next.example."); err != nil {
+			t.Errorf("Query after the idle closes: %v, want an answer on a new connection", err)
+		}
+	})
+}
+
+// keepaliveAnswer answers with an RFC 7828 keepalive of units × 100 ms.
+func keepaliveAnswer(units uint16) func(q *dns.Msg) *dns.Msg {
+	return func(q *dns.Msg) *dns.Msg {
+		r := dottest.DefaultAnswer(q)
+		if o := r.IsEdns0(); o != nil {
+			o.Option = append(o.Option, &dns.EDNS0_TCP_KEEPALIVE{Code: dns.EDNS0TCPKEEPALIVE, Timeout: units})
+		}
+		return r
+	}
+}
+
+// A server that ignores the queries past its limit and cuts a connection only
+// after its slowest answer: every connection's 20th query takes 1.5 s, so
+// that none is cut before, and each answers nothing written after it while
+// newer connections answer queries written later. They are silent at a
+// limit: the pool learns it from two of them (after as many answers) and
+// sends their ignored queries elsewhere at once, instead of leaving them to
+// wait for the slow answers and the cuts.
+func TestSilentConnectionsTeachTheLimit(t *testing.T) {
+	const limit, slow = 20, 1500 * time.Millisecond
+	opts := dottest.Options{CloseAfter: limit, SlowNth: limit, Slow: slow, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "order.example." {
+			return 20 * time.Millisecond
+		}
+		return time.Millisecond
+	}}
+	mod := func(c *Config) { c.MaxInflight = 30 }
+	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// Timed fast, so that queries share connections; then out of
+		// order: the third answer overtakes the second.
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := exchange(p, "order.example."); done <- err }()
+		synctest.Wait() // written first
+		if _, err := exchange(p, "overtakes.example."); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if m := p.Stats().Mode; m != ModeOutOfOrder {
+			t.Fatalf("Mode %v, want out of order", m)
+		}
+		// 1,000 QPS for 300 ms: each connection takes 30 at most, and
+		// its server answers 19 of them before the slow one.
+		out := offer(p, 300, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		// Only the 20th query of each connection is slow.
+		slowOnes := 0
+		for _, o := range out {
+			if o.err != nil {
+				t.Errorf("Query %s: %v", o.name, o.err)
+			} else if o.took > slow/4 {
+				slowOnes++
+			}
+		}
+		if h := int(s.Handshakes()); slowOnes > h {
+			t.Errorf("%d queries took over %v, want at most one per connection (%d)", slowOnes, slow/4, h)
+		}
+		// Silent after 19 answers: 19 less one, the margin (see queryLimit.learn).
+		if l := p.learned.limit.get(); l != limit-2 {
+			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		}
+	})
+}
