@@ -48,6 +48,7 @@ type conn struct {
 	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
 	lastServed uint32           // guarded by mu: the highest write order (call.seq) the server served
 	accepted   int              // guarded by mu: calls ever registered on this connection
+	idleBefore int64            // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
 	state      connState        // guarded by mu; changed only by setDrainingLocked and closeFor
 	drainFor   CloseReason      // guarded by mu: why it drains, once state is stateDraining
@@ -141,6 +142,9 @@ func (c *conn) register(cl *call) bool {
 		}
 	}
 	c.calls[cl.id] = cl
+	if len(c.calls) == 1 {
+		c.idleBefore = c.pool.clock.Load() - c.lastUsed.Load()
+	}
 	c.load.Store(int32(len(c.calls)))
 	c.accepted++
 	cl.nth = c.accepted
@@ -407,6 +411,10 @@ func (c *conn) keepalive(units int) {
 	}
 }
 
+// idleRaceAfter: a server's close of a connection idle this long before the
+// queries it carries is taken for its idle timeout (see closeFor).
+const idleRaceAfter = 100 * time.Millisecond
+
 // closeFor closes the connection once, for cause. Live calls complete with an error
 // telling the caller whether the query was written (and so may be replayed) or not
 // (and so moves elsewhere at no cost). It never blocks on the peer.
@@ -431,8 +439,14 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.tombs = 0
 	c.load.Store(0)
 	answered, served := c.answered, c.served
+	// A server that closes a connection which sat idle a while before the
+	// queries it now carries most likely closed it for idleness as they
+	// went out (its idle timeout may be shorter than ours): they are
+	// replayed, as on a connection that had answered, and the close is no
+	// failure of the upstream.
+	idleRace := reason == CloseServer && c.idleBefore >= int64(idleRaceAfter)
 	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born),
-		serverIdle: time.Duration(c.pool.serverIdle.Load())}
+		serverIdle: time.Duration(c.pool.serverIdle.Load()), idleRace: idleRace}
 	c.mu.Unlock()
 
 	close(c.done)
@@ -449,7 +463,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		c.pool.learnLimit(reason, served, len(live))
 	}
 	c.pool.connClosed(c, reason, life)
-	lost := &connLostError{cause: cause, replayable: answered > 0, serverCut: reason == CloseServer}
+	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer}
 	for _, cl := range live {
 		if cl.state.CompareAndSwap(callQueued, callAbandoned) {
 			cl.complete(result{err: errUnsent})

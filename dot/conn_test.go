@@ -167,6 +167,7 @@ func TestConnLifeFailed(t *testing.T) {
 		{connLife{accepted: 1}, CloseServer, true}, // carried a query, died before answering
 		{connLife{accepted: 1}, CloseStall, true},  //
 		{connLife{accepted: 1, answered: 1}, CloseServer, false},
+		{connLife{accepted: 1, idleRace: true}, CloseServer, false},                          // closed for idleness as its first query went out
 		{connLife{age: time.Millisecond}, CloseServer, true},                                 // hung up right after the handshake
 		{connLife{age: time.Minute}, CloseServer, false},                                     // the server's idle timeout
 		{connLife{age: 600 * time.Millisecond, serverIdle: time.Second}, CloseServer, false}, // past half the told idle timeout

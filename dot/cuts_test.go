@@ -3,6 +3,7 @@ package dot
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -187,6 +188,38 @@ func TestSilentConnectionsTeachTheLimit(t *testing.T) {
 		// Silent after 19 answers: 19 less one, the margin (see queryLimit.learn).
 		if l := p.learned.limit.get(); l != limit-2 {
 			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		}
+	})
+}
+
+// A server whose idle timeout is shorter than the pool's closes a connection
+// that sat unused as the first query on it goes out (the race every client of
+// persistent connections meets): the query is replayed on another connection
+// and answered, although the connection it was written on never answered.
+func TestIdleCloseRaceReplayed(t *testing.T) {
+	var s *dottest.Server
+	var dropped atomic.Int32
+	opts := dottest.Options{
+		Drop: func(q dns.Question) bool {
+			if q.Name != "race.example." || dropped.Add(1) != 1 {
+				return false
+			}
+			go s.CloseConns() // the server's idle close, as the query arrives
+			return true
+		},
+	}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, srv *dottest.Server, p *Pool, rec *recorder) {
+		s = srv
+		p.dialNow()
+		time.Sleep(time.Second) // unused, as a spare a burst left
+		if n := p.Stats().Conns; n != 1 {
+			t.Fatalf("%d connections, want the 1 dialled", n)
+		}
+		if _, err := exchange(p, "race.example."); err != nil {
+			t.Errorf("Query on the connection the server closed for idleness: %v, want it replayed and answered", err)
+		}
+		if d := dropped.Load(); d != 2 {
+			t.Errorf("The query reached the server %d times, want 2 (written, then replayed)", d)
 		}
 	})
 }

@@ -46,6 +46,7 @@ func TestDesignNumbers(t *testing.T) {
 		"maxParallelDials":         maxParallelDials,
 		"minExtraConns":            minExtraConns,
 		"nearEndLead":              nearEndLead,
+		"idleRaceAfter":            idleRaceAfter,
 		"minIdleLife":              minIdleLife,
 		"maxWaitersPerSlot":        maxWaitersPerSlot,
 		"DefaultBackoffBase":       DefaultBackoffBase,

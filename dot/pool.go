@@ -347,6 +347,7 @@ type connLife struct {
 	accepted   int           // queries registered
 	age        time.Duration // from handshake to close
 	serverIdle time.Duration // the idle timeout the server told, on any connection; 0: none
+	idleRace   bool          // the server closed it as its first queries after idleRaceAfter or more went out (see closeFor)
 }
 
 // failed reports whether a connection that ended for reason counts as a failure of
@@ -358,8 +359,10 @@ type connLife struct {
 // the idle timeout the server told (RFC 7828) if that is sooner: a server
 // that tells 100 ms closes the spares of a burst within that, and strikes
 // for them put the pool in backoff with no connection left (issue 21, seed 85).
+// Nor is a close that came as the first queries after a long idle went out
+// (idleRace): the server's idle timeout racing them.
 func (l connLife) failed(reason CloseReason) bool {
-	if l.answered > 0 || (reason != CloseServer && reason != CloseError && reason != CloseStall) {
+	if l.answered > 0 || l.idleRace || (reason != CloseServer && reason != CloseError && reason != CloseStall) {
 		return false
 	}
 	return l.accepted > 0 || l.age < minIdleLife && (l.serverIdle == 0 || l.age < l.serverIdle/2)
