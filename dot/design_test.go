@@ -22,6 +22,7 @@ func TestDesignNumbers(t *testing.T) {
 		"slowShare":                slowShare,
 		"minSideEvidence":          minSideEvidence,
 		"sideShare":                sideShare,
+		"untimedMaxConns":          untimedMaxConns,
 		"shareWindow":              shareWindow,
 		"slowWeightUnit":           slowWeightUnit,
 		"minCrowdedEvidence":       minCrowdedEvidence,

@@ -54,6 +54,9 @@ const (
 	// shareWindow: before the first answer, queries that come this close
 	// together (a burst) share a connection (see oneEach).
 	shareWindow = 50 * time.Microsecond
+	// untimedMaxConns: before the first answer, the most connections a
+	// query each (see slowUnknown).
+	untimedMaxConns = 256
 )
 
 // capConns is the most connections that take new queries, in force now.
@@ -116,8 +119,13 @@ func (p *Pool) slowUnknown() bool {
 	case u == 0:
 		// The first connection's dial is shared by the queries that come
 		// while it is under way, as before any answer nothing tells a
-		// slow upstream from a fast one that shakes hands slowly.
-		return len(*p.conns.Load()) > 0
+		// slow upstream from a fast one that shakes hands slowly. And a
+		// pool that has opened untimedMaxConns without an answer is
+		// likelier in front of a black hole than a slow upstream: it
+		// dials no more for it (its connections and waiting room stay
+		// bounded, as the out-of-order cap keeps them).
+		n := len(*p.conns.Load())
+		return n > 0 && n < untimedMaxConns
 	default:
 		return u >= int64(unknownSlow)
 	}
