@@ -33,7 +33,7 @@ type call struct {
 	avoid          *conn // a rescue's blocked connection, which pick skips; immutable
 	// waited: it waited for a connection (acquireSlow), so that its pick is
 	// no arrival, which a burst is made of; firstDial: it waited for the
-	// pool's first connection, which it shares (see oneEach). The caller's only.
+	// pool's first connection, which it shares (see slowUnknown). The caller's only.
 	waited, firstDial bool
 
 	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send

@@ -37,7 +37,7 @@ type conn struct {
 	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
 	quietAt   atomic.Int64 // reads+1 when the sweeper found it reading nothing for the rescue delay with queries waiting: quiet until the next frame
 	wroteAt   atomic.Int64 // unix ns of the last write of queries
-	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see oneEach)
+	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
 	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex

@@ -52,7 +52,7 @@ const (
 	// in-order upstream, to see whether it still answers in order (orderCheckConn).
 	orderCheckEvery = 256
 	// shareWindow: before the first answer, queries that come this close
-	// together (a burst) share a connection (see oneEach).
+	// together (a burst) share a connection (see burstSince).
 	shareWindow = 50 * time.Microsecond
 	// untimedMaxConns: before the first answer, the most connections a
 	// query each (see slowUnknown).
@@ -180,21 +180,18 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 	return nil
 }
 
-// pickIdle, for an in-order upstream, registers cl on the oldest connection
-// with nothing outstanding. If there is none it returns nil, so that the
-// caller waits for a connection dialled for it or the first to become idle
-// (dialForWaiter: a query written behind another waits for it); if no dial
-// may start, it registers cl on the least loaded one (the one written to last
-// among those). It starts a dial when fewer than inOrderSpares idle ones are
-// left (none are kept by default: forward keeps none).
+// pickIdle, when queries go one to a connection (oneEach), registers cl on the
+// oldest connection with nothing outstanding. If there is none it returns nil,
+// so that the caller waits for a connection dialled for it or the first to
+// become idle (dialForWaiter: a query written behind another waits for it); if
+// no dial may start, it registers cl on the least loaded one (the one written
+// to last among those). Before the first answer, a query of a burst joins the
+// connection the burst is on instead (see burstSince). In order, it starts a
+// dial when fewer than inOrderSpares idle ones are left (none are kept by
+// default: forward keeps none).
 func (p *Pool) pickIdle(cl *call) *conn {
-	// Not yet timed, a query may join a burst: a connection picked less
-	// than shareWindow ago.
 	var burst *conn
-	burstSince := int64(math.MaxInt64)
-	if p.learned.mode.usual.Load() == 0 && p.learned.mode.get() == ModeUnknown && !cl.waited {
-		burstSince = nanotime() - int64(shareWindow)
-	}
+	burstSince := p.burstSince(cl)
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
@@ -225,7 +222,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		}
 		if idle == 0 && cl.avoid == nil && (burst != nil || cl.firstDial && load < int32(p.cfg.MaxInflight)) {
 			// A burst before the first answer, or a query that waited
-			// for the pool's first connection: see oneEach.
+			// for the pool's first connection: see slowUnknown.
 			best = cmp.Or(burst, best)
 		} else if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
 			// No connection is idle (one near its end, idle, is taken:
@@ -254,8 +251,19 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	return nil
 }
 
+// burstSince is, before the pool's first answer, the time after which a
+// connection that was given a query is on a burst that cl, arriving now, is
+// part of (shareWindow ago); MaxInt64 otherwise, or for a query that waited
+// (its pick is no arrival).
+func (p *Pool) burstSince(cl *call) int64 {
+	if p.learned.mode.usual.Load() != 0 || p.learned.mode.get() != ModeUnknown || cl.waited {
+		return math.MaxInt64
+	}
+	return nanotime() - int64(shareWindow)
+}
+
 // dialForWaiter is for a query that found no connection it should go on
-// (pickIdle, pickInTurn): it reports whether a dial is under way for it, one
+// (pickIdle): it reports whether a dial is under way for it, one
 // per waiting query (those in acquireSlow, this one included when it waits
 // again), starting one if there are fewer, so that the query may wait.
 func (p *Pool) dialForWaiter() bool {
