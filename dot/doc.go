@@ -8,7 +8,7 @@
 // upstream serves a connection (its mode): out of order, a few full connections
 // carry any load; in order, a query waits for every one before it, so each goes to
 // an idle connection, or waits for one dialled for it, as forward does, and there
-// are as many as the load needs (sizing.go). Until it knows, a slow upstream is
+// are as many as the load needs (pick.go, sizing.go). Until it knows, a slow upstream is
 // served that way too: on it, that costs no time. A query
 // shown stuck behind a slow answer (not merely slow) is sent once more
 // elsewhere (rescue.go). The package knows nothing of CoreDNS: it takes and
@@ -18,8 +18,10 @@
 // # Files
 //
 //   - pool.go: the Pool: waiting for a connection, dialing, closing.
-//   - sizing.go: picking a connection for a call as the mode says, how many
-//     connections the load wants, when to dial (the cap, parallel dials, successors).
+//   - pick.go: the hot path: picking a connection for a call as the mode says
+//     (filled in turn, or one query each: oneEach, bursts before the first answer).
+//   - sizing.go: how many connections the load wants, when to dial (the cap,
+//     parallel dials, successors).
 //   - rescue.go: blocked connections, rescues and the first answer of a query's two attempts.
 //   - exchange.go: one query's way through the pool: attempts, moves, the replay.
 //   - call.go: a call, one attempt of a query on one connection, and its states.

@@ -1,0 +1,239 @@
+package dot
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// How a query finds its connection: the hot path, every query, lock-free but
+// for the connection it registers on. Where it goes depends on how the
+// upstream serves a connection (its Mode, learned.go): filled in turn while
+// queries wait for nobody (pickInTurn), or one to a connection, as forward
+// sends them, when a query put behind another would wait for it (pickIdle).
+// How many connections there are is sizing.go's.
+
+const (
+	// orderCheckEvery: one query in this many goes behind another on an
+	// in-order upstream, to see whether it still answers in order (orderCheckConn).
+	orderCheckEvery = 256
+	// shareWindow: before the first answer, queries that come this close
+	// together (a burst) share a connection (see burstSince).
+	shareWindow = 50 * time.Microsecond
+	// untimedMaxConns: before the first answer, the most connections a
+	// query each (see slowUnknown).
+	untimedMaxConns = 256
+)
+
+// accepts reports whether c, in state a (c.avail), may take cl: it takes
+// queries, and a rescue goes only to another connection with nothing
+// outstanding, so that it is not stuck in turn.
+func (c *conn) accepts(a avail, cl *call) bool {
+	return a.takes() && (cl.avoid == nil || c != cl.avoid && c.load.Load() == 0)
+}
+
+// pick registers cl on a connection that takes it, as the upstream's mode says
+// (see pickInTurn, pickIdle), and starts a dial when the pool will soon need
+// another connection. It returns nil if no connection had room.
+func (p *Pool) pick(cl *call) *conn {
+	if p.oneEach() {
+		return p.pickIdle(cl)
+	}
+	return p.pickInTurn(cl)
+}
+
+// oneEach reports whether each query goes to a connection of its own (or
+// waits for one dialled for it), as forward sends them, and the pool opens as
+// many as the load needs: the upstream is in order, or slowUnknown.
+func (p *Pool) oneEach() bool {
+	return p.learned.mode.get() == ModeInOrder || p.slowUnknown()
+}
+
+// slowUnknown reports whether the mode is unknown and the upstream slow (its
+// usual answer time is unknownSlow or more) or not yet timed. A query put behind another
+// may then wait a whole answer time for it, and nothing shows yet that it need
+// not; forward would have given it a connection of its own. A burst shares
+// a connection while the upstream is not yet timed, and order checks go
+// behind another query now and then (see pickIdle): their answers show how
+// the upstream serves a connection. A fast upstream is pipelined from its
+// first answer on.
+func (p *Pool) slowUnknown() bool {
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
+		return false
+	}
+	switch u := p.learned.mode.usual.Load(); {
+	case u == 0:
+		// The first connection's dial is shared by the queries that come
+		// while it is under way, as before any answer nothing tells a
+		// slow upstream from a fast one that shakes hands slowly. And a
+		// pool that has opened untimedMaxConns without an answer is
+		// likelier in front of a black hole than a slow upstream: it
+		// dials no more for it (its connections and waiting room stay
+		// bounded, as the out-of-order cap keeps them).
+		n := len(*p.conns.Load())
+		return n > 0 && n < untimedMaxConns
+	default:
+		return u >= int64(unknownSlow)
+	}
+}
+
+// pickInTurn registers cl on the oldest connection with room, and starts a dial
+// when that one is three-quarters full (all older ones being full) or near its
+// end, so that the next connection is ready before it is needed. Filling
+// connections in turn, as HTTP/2 clients do, rather than spreading queries over
+// all of them, keeps the batches of queries and answers large: each costs one
+// syscall, and a TLS record read, at each end, whatever its size.
+func (p *Pool) pickInTurn(cl *call) *conn {
+	slots := int32(p.cfg.MaxInflight) // per connection
+	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
+		var best, quiet *conn
+		var load, quietLoad int32
+		near, more := false, false // best is near its end; every connection with room is quiet
+		counted := 0               // connections that count toward the cap
+		for _, c := range *p.conns.Load() {
+			a := c.avail()
+			if p.countsTowardCap(a) {
+				counted++
+			}
+			if !c.accepts(a, cl) {
+				continue
+			}
+			l := c.load.Load()
+			switch {
+			case best != nil || l >= slots:
+			case a != availQuiet:
+				best, load, near = c, l, a == availNearEnd
+			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
+				quiet, quietLoad = c, l
+			}
+		}
+		if best == nil {
+			// Every connection with room is quiet: its queries may wait
+			// behind a slow one, so the next connection is dialled now,
+			// and the query goes to the least loaded quiet one.
+			best, load, more = quiet, quietLoad, true
+		}
+		if best == nil {
+			return nil
+		}
+		if best.register(cl) {
+			if (near || more || load+1 >= slots*3/4) && (near || counted < p.capConns()) && p.dialing.Load() < maxParallelDials {
+				p.dialNow()
+			}
+			return best
+		}
+	}
+	return nil
+}
+
+// pickIdle, when queries go one to a connection (oneEach), registers cl on the
+// oldest connection with nothing outstanding. If there is none it returns nil,
+// so that the caller waits for a connection dialled for it or the first to
+// become idle (dialForWaiter: a query written behind another waits for it); if
+// no dial may start, it registers cl on the least loaded one (the one written
+// to last among those). Before the first answer, a query of a burst joins the
+// connection the burst is on instead (see burstSince). In order, it starts a
+// dial when fewer than inOrderSpares idle ones are left (none are kept by
+// default: forward keeps none).
+func (p *Pool) pickIdle(cl *call) *conn {
+	var burst *conn
+	burstSince := p.burstSince(cl)
+	for range 3 {
+		var best *conn
+		load, idle := int32(p.cfg.MaxInflight), 0
+		for _, c := range *p.conns.Load() {
+			if !c.accepts(c.avail(), cl) {
+				continue
+			}
+			l := c.load.Load()
+			if burstSince != math.MaxInt64 && burst == nil && l > 0 && l < int32(p.cfg.MaxInflight) && c.pickedAt.Load() > burstSince {
+				burst = c
+			}
+			if l == 0 && !c.nearEnd.Load() { // near its end: taking, but no spare
+				if idle++; idle > inOrderSpares && best != nil && load == 0 {
+					break // an idle one is taken, and the spares are left after it
+				}
+			}
+			// The least loaded; among busy ones, the one written to last: a
+			// query that has been out long is likelier a slow one.
+			if l < load || best != nil && l == load && l > 0 && c.wroteAt.Load() > best.wroteAt.Load() {
+				best, load = c, l
+			}
+		}
+		if cl.avoid == nil && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
+			// An order check is due until one finds a connection to go on.
+			pc := p.orderCheckConn(cl)
+			p.orderCheckDue.Store(pc == nil)
+			best = cmp.Or(pc, best)
+		}
+		if idle == 0 && cl.avoid == nil && (burst != nil || cl.firstDial && load < int32(p.cfg.MaxInflight)) {
+			// A burst before the first answer, or a query that waited
+			// for the pool's first connection: see slowUnknown.
+			best = cmp.Or(burst, best)
+		} else if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter() {
+			// No connection is idle (one near its end, idle, is taken:
+			// load 0): as forward does, the query waits for a new one
+			// rather than go behind a busy one, but takes the first that
+			// becomes idle if that is sooner (acquireSlow).
+			return nil
+		}
+		if best == nil {
+			return nil
+		}
+		if best.register(cl) {
+			if burstSince != math.MaxInt64 {
+				best.pickedAt.Store(nanotime())
+			}
+			// In order, the next connection is dialled when none is left
+			// idle; not while the mode is unknown: each dial then is for a
+			// query that waits (the property test found these spares to
+			// be connections more than forward opens).
+			if idle <= inOrderSpares && !p.slowUnknown() && p.dialing.Load() < maxParallelDials {
+				p.dialNow()
+			}
+			return best
+		}
+	}
+	return nil
+}
+
+// burstSince is, before the pool's first answer, the time after which a
+// connection that was given a query is on a burst that cl, arriving now, is
+// part of (shareWindow ago); MaxInt64 otherwise, or for a query that waited
+// (its pick is no arrival).
+func (p *Pool) burstSince(cl *call) int64 {
+	if p.learned.mode.usual.Load() != 0 || p.learned.mode.get() != ModeUnknown || cl.waited {
+		return math.MaxInt64
+	}
+	return nanotime() - int64(shareWindow)
+}
+
+// dialForWaiter is for a query that found no connection it should go on
+// (pickIdle): it reports whether a dial is under way for it, one
+// per waiting query (those in acquireSlow, this one included when it waits
+// again), starting one if there are fewer, so that the query may wait.
+func (p *Pool) dialForWaiter() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dials > 0 && int(p.waiters.Load()) <= p.dials {
+		return true
+	}
+	return p.startDialLocked(0, true)
+}
+
+// orderCheckConn returns a connection with one query outstanding, written within
+// twice the usual answer time (at least a millisecond), the latest such, or
+// nil. A query put behind it on purpose shows, if its answer overtakes the one
+// before, that the upstream no longer answers in order; if the one before is
+// slow after all, the order check is rescued like any other query.
+func (p *Pool) orderCheckConn(cl *call) *conn {
+	recent := nanotime() - max(2*p.learned.mode.usual.Load(), int64(time.Millisecond))
+	var best *conn
+	for _, c := range *p.conns.Load() {
+		if w := c.wroteAt.Load(); c.accepts(c.avail(), cl) && c.load.Load() == 1 && w > recent {
+			best, recent = c, w
+		}
+	}
+	return best
+}
