@@ -76,12 +76,18 @@ func (p *Pool) learnLimit(reason CloseReason, served, outstanding int) {
 		return
 	}
 	if limit := p.limitCut(served, nanotime()); limit != 0 {
-		// The connections opened with this one are as old and about to be cut
-		// too: they take no more queries than the limit either, so that the
-		// dead connection's replays do not land on them and die again.
-		for _, c := range *p.conns.Load() {
-			c.setQueryLimit(int(limit))
-		}
+		p.applyLimit(limit)
+	}
+}
+
+// applyLimit applies a newly learned query limit to every open connection:
+// those opened with the one that taught it are as old and about to be cut
+// too, so they take no more queries than the limit either, and the queries
+// they hold beyond it go elsewhere (the dead connection's replays must not
+// land on them and die again).
+func (p *Pool) applyLimit(limit int32) {
+	for _, c := range *p.conns.Load() {
+		c.setQueryLimit(int(limit))
 	}
 }
 
@@ -137,14 +143,11 @@ func (p *Pool) learnSilence(c *conn, served int) {
 	if !p.silenceAlike(c, served) {
 		return
 	}
-	limit := p.limitCut(served, nanotime())
-	if limit == 0 {
-		c.setQueryLimit(served)
+	if limit := p.limitCut(served, nanotime()); limit != 0 {
+		p.applyLimit(limit)
 		return
 	}
-	for _, o := range *p.conns.Load() {
-		o.setQueryLimit(int(limit))
-	}
+	c.setQueryLimit(served)
 }
 
 // silenceAlike records c's silence after served answers and reports whether
