@@ -93,6 +93,13 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	if !errors.As(err, &lost) || !lost.replayable || q.opcode != dns.OpcodeQuery || ctx.Err() != nil {
 		return false
 	}
+	if errors.Is(lost.cause, errBeyondLimit) {
+		// Moved by the pool itself, past a limit it just learned (see
+		// evictBeyondLocked), not lost: whatever the query went through
+		// before (a rescue, replays), it goes on elsewhere. A limit is
+		// only ever lowered, so this ends.
+		return true
+	}
 	if q.replays == 0 {
 		return !q.resent
 	}
