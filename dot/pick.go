@@ -161,7 +161,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 				best, load = c, l
 			}
 		}
-		if cl.avoid == nil && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
+		if cl.avoid == nil && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
 			// An order check is due until one finds a connection to go on.
 			pc := p.orderCheckConn(cl)
 			p.orderCheckDue.Store(pc == nil)

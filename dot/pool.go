@@ -40,6 +40,7 @@ type Pool struct {
 	bufs          sync.Pool               // connections' buffers (connBufs)
 	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
+	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
 	kick          chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context

@@ -41,10 +41,13 @@ const (
 	minTrialGrace = 20 * time.Millisecond
 	// ownTTL is how long a first "one per record" verdict holds; it doubles
 	// with each one in a row, up to learnedTTL. A late second answer may have
-	// been a busy server rather than one that does not read it: a later trial
-	// can tell, and a server that really does not read it is held up by trials
-	// less and less often.
-	ownTTL = 30 * time.Second
+	// been a busy server rather than one that does not read it (a loaded
+	// machine makes a 20 ms grace pass): the next trial, a second later, can
+	// tell, so one late answer costs shared records for a second, not for
+	// minutes. A server that really does not read it is held up by trials less
+	// and less often: ten in its first ten minutes, each holding one
+	// connection's writes for a grace.
+	ownTTL = time.Second
 )
 
 // verdict returns the record verdict in force.

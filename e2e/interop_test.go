@@ -92,14 +92,34 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 	t.Logf("%v requests over %v connections", reqs, dials)
 }
 
+// verdictWithin is how long a load may take to bring the record trial to the
+// verdict a server deserves. A trial whose second answer is late (a loaded CI
+// machine) says "one per record", which holds for ownTTL (a second), then
+// twice as long: within this time three more trials run.
+const verdictWithin = 15 * time.Second
+
 // requireRecordVerdict checks what dotforward's record trial learned of the
-// server (see upstreamKind.verdict).
+// server (see upstreamKind.verdict). A wrong verdict must not stick: if the
+// load so far ended on the other one, more load must correct it within
+// verdictWithin.
 func requireRecordVerdict(t *testing.T, f *front, upstream, verdict string) {
 	t.Helper()
-	got, ok := metricSum(scrape(t, f.metrics), "coredns_dotforward_shared_records", label("to", upstream))
+	read := func() (float64, bool) {
+		return metricSum(scrape(t, f.metrics), "coredns_dotforward_shared_records", label("to", upstream))
+	}
+	got, ok := read()
 	t.Logf("coredns_dotforward_shared_records = %v (reported: %v)", got, ok)
 	want := map[string]float64{"shared": 1, "own": 0}
-	if w, known := want[verdict]; known && (!ok || got != w) {
+	w, known := want[verdict]
+	if known && ok && got != w {
+		start := time.Now()
+		for time.Since(start) < verdictWithin && got != w {
+			requireAllAnswered(t, "a load to re-test the verdict", runLoad("udp", f.addr, 200, loadWorkers, loadBudget), 200)
+			got, ok = read()
+		}
+		t.Logf("coredns_dotforward_shared_records = %v after %v more load", got, time.Since(start).Round(time.Millisecond))
+	}
+	if known && (!ok || got != w) {
 		t.Errorf("coredns_dotforward_shared_records = %v (reported: %v), want %v", got, ok, w)
 	}
 	if !ok {
