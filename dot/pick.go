@@ -214,12 +214,35 @@ func (p *Pool) burstSince(cl *call) int64 {
 // per waiting query (those in acquireSlow, this one included when it waits
 // again), starting one if there are fewer, so that the query may wait.
 func (p *Pool) dialForWaiter() bool {
+	soon := p.freeingSoon(nanotime())
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dials > 0 && int(p.waiters.Load()) <= p.dials {
+	if p.dials+soon > 0 && int(p.waiters.Load()-p.rescuers.Load()) <= p.dials+soon {
 		return true
 	}
 	return p.startDialLocked(0, true)
+}
+
+// freeingSoon counts the connections with one query outstanding whose answer
+// is due (written a usual answer time ago) from now until a dial would be
+// done: a query that waits for one of them is served sooner than one that
+// waits for a handshake. One whose answer is overdue is not counted: it may
+// be a slow one.
+func (p *Pool) freeingSoon(now int64) int {
+	u, d := p.learned.mode.usual.Load(), p.dialTime.Load()
+	if u == 0 || d == 0 {
+		return 0
+	}
+	n := 0
+	for _, c := range *p.conns.Load() {
+		if c.load.Load() != 1 || !c.avail().takes() {
+			continue
+		}
+		if due := c.wroteAt.Load() + u; due >= now && due < now+d {
+			n++
+		}
+	}
+	return n
 }
 
 // orderCheckConn returns a connection with one query outstanding, written within

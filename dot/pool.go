@@ -22,6 +22,7 @@ type Pool struct {
 
 	conns         atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
 	waiters       atomic.Int32            // callers waiting in acquire for a slot or a connection
+	rescuers      atomic.Int32            // of those, rescues: they wait for an idle connection, dialled as the load needs (see dialForWaiter)
 	dialing       atomic.Int32            // mirrors dials, for a lock-free check on the hot path
 	closing       atomic.Int32            // connections between closeFor and connClosed
 	learned       learned                 // what the pool learned of its upstream: query limit, record verdict, mode
@@ -131,6 +132,10 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
 	}
 	defer p.waiters.Add(-1)
+	if cl.avoid != nil {
+		p.rescuers.Add(1)
+		defer p.rescuers.Add(-1)
+	}
 	w := slotWait{ctx: ctx, cl: cl, other: other, got: got}
 	defer w.stop()
 	for {
@@ -148,7 +153,7 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 		if len(*p.conns.Load()) == 0 {
 			cl.firstDial = true
 		}
-		if err := w.wait(wake); err != nil {
+		if err := w.wait(wake, p.recheckAfter()); err != nil {
 			return nil, err
 		}
 	}
@@ -162,17 +167,30 @@ type slotWait struct {
 	other <-chan result
 	got   *result
 	timer *time.Timer
+	again *time.Timer // fires when the waiter looks again for itself (recheckAfter)
 }
 
-// wait waits for wake, other, the context or the call's deadline.
+// wait waits for wake, other, the context or the call's deadline, and at most
+// recheck if it is not 0.
 //
 //go:noinline
-func (w *slotWait) wait(wake <-chan struct{}) error {
+func (w *slotWait) wait(wake <-chan struct{}, recheck time.Duration) error {
 	if w.timer == nil {
 		w.timer = time.NewTimer(time.Until(time.Unix(0, w.cl.deadline)))
 	}
+	var again <-chan time.Time
+	if recheck > 0 {
+		if w.again == nil {
+			w.again = time.NewTimer(recheck)
+		} else {
+			w.again.Reset(recheck)
+		}
+		again = w.again.C
+	}
 	select {
 	case <-wake:
+		return nil
+	case <-again:
 		return nil
 	case *w.got = <-w.other:
 		return errOtherFirst
@@ -190,6 +208,20 @@ func (w *slotWait) stop() {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
+	if w.again != nil {
+		w.again.Stop()
+	}
+}
+
+// recheckAfter is how long a query that waits for a connection freeing soon
+// (see freeingSoon) waits before it looks again: a dial's time, by when the
+// connection it counted on is overdue (and may be slow) if it has not freed.
+// 0 while no query waits so (wakes alone then).
+func (p *Pool) recheckAfter() time.Duration {
+	if !p.oneEach() || p.learned.mode.usual.Load() == 0 {
+		return 0
+	}
+	return time.Duration(p.dialTime.Load())
 }
 
 // needConn is acquire's slow path: it starts a dial if allowed and returns the

@@ -192,8 +192,12 @@ type sizer struct {
 	newestSent int64
 	wanted     int // the last reported Sized figures
 	open       int
-	used       [5]int // the most connections with queries outstanding in each of the last seconds, this one first
-	usedAt     int64  // unix ns when used[0]'s second began
+	// arrivals: queries that came per second, smoothed: answers read, and
+	// queries registered or waiting (load, waiters) since the last tick
+	arrivals float64
+	queued   int    // load and waiters at the last tick
+	used     [5]int // the most connections with queries outstanding in each of the last seconds, this one first
+	usedAt   int64  // unix ns when used[0]'s second began
 }
 
 // noteUsed records how many connections have queries outstanding now.
@@ -219,15 +223,18 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	z := &p.sizer
 	// Connections that closed take their reads out of the total: their last
 	// tick's answers are not counted.
-	if dt, n := now-z.at, max(reads-z.total, 0); z.at != 0 && dt > 0 {
-		z.rate += (float64(n)*1e9/float64(dt) - z.rate) / 16
-		z.tokens = min(z.tokens+float64(n)*rescueShare, maxRescueBurst)
-	}
-	z.at, z.total = now, reads
 	n := countConns(conns)
+	queued := n.load + int(p.waiters.Load())
+	if dt, r := now-z.at, max(reads-z.total, 0); z.at != 0 && dt > 0 {
+		z.rate += (float64(r)*1e9/float64(dt) - z.rate) / 16
+		z.tokens = min(z.tokens+float64(r)*rescueShare, maxRescueBurst)
+		came := max(r+int64(queued-z.queued), 0)
+		z.arrivals += (float64(came)*1e9/float64(dt) - z.arrivals) / 16
+	}
+	z.at, z.total, z.queued = now, reads, queued
 	z.noteUsed(now, n.used)
 	z.inflight += (float64(n.load) - z.inflight) / 8
-	needed := neededInOrder(max(z.inflight, float64(n.load)))
+	needed := p.neededNow(max(z.inflight, float64(n.load)))
 	p.needed.Store(int32(needed))
 	wanted := p.wanted(n.busy, n.busyLoad, needed) + p.successors(n.busy)
 	open := n.steady()
@@ -262,6 +269,23 @@ func (p *Pool) noteDialTime(d time.Duration) {
 		return
 	}
 	p.dialTime.Store(old + (int64(d)-old)/8) // concurrent dials may lose a sample: no matter
+}
+
+// neededNow is the most connections an in-order upstream needs now: Little's
+// law on the queries that come (the arrival rate times the usual answer time
+// and a dial's: what forward would hold, each query on a connection of its
+// own), or, until the answer time is known, on those outstanding. Not on
+// those outstanding once it is: a queue that formed on few connections
+// before in order was learned is outstanding, but forward would never have
+// held it; opening a connection for each of its queries, as their rescues
+// would, leaves the pool with more than forward ever opens.
+func (p *Pool) neededNow(outstanding float64) int { // sweeper only (p.sizer)
+	u := p.learned.mode.usual.Load()
+	if u == 0 || p.sizer.arrivals == 0 {
+		return neededInOrder(outstanding)
+	}
+	hold := time.Duration(u + p.dialTime.Load())
+	return neededInOrder(min(outstanding, p.sizer.arrivals*hold.Seconds()))
 }
 
 // neededInOrder is the most connections an in-order upstream needs with
