@@ -137,6 +137,13 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 // dial when fewer than inOrderSpares idle ones are left (none are kept by
 // default: forward keeps none).
 func (p *Pool) pickIdle(cl *call) *conn {
+	if cl.avoid != nil && p.waiters.Load() > p.rescuers.Load() {
+		// A rescue yields to a query that waits for a connection of its
+		// own: that one dialled for itself (dialForWaiter), and the rescue
+		// taking it would have it dial again, one connection per rescue
+		// (issue 21, seed 78). The rescue's own call may still be answered.
+		return nil
+	}
 	var burst *conn
 	burstSince := p.burstSince(cl)
 	for range 3 {

@@ -23,6 +23,7 @@ type Pool struct {
 	conns         atomic.Pointer[[]*conn] // copy-on-write snapshot, replaced under mu; creation order
 	waiters       atomic.Int32            // callers waiting in acquire for a slot or a connection
 	rescuers      atomic.Int32            // of those, rescues: they wait for an idle connection, dialled as the load needs (see dialForWaiter)
+	rescueCalls   atomic.Int64            // rescues ever sent for a connection (acquireOr): no arrivals (see sizer.arrivals)
 	dialing       atomic.Int32            // mirrors dials, for a lock-free check on the hot path
 	closing       atomic.Int32            // connections between closeFor and connClosed
 	learned       learned                 // what the pool learned of its upstream: query limit, record verdict, mode
@@ -113,6 +114,7 @@ var errOtherFirst = errors.New("dot: the other attempt completed first")
 // nil): if that delivers first, it stores the result in got and fails with
 // errOtherFirst.
 func (p *Pool) acquireOr(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
+	p.rescueCalls.Add(1)
 	if c := p.pick(cl); c != nil {
 		return c, nil
 	}

@@ -193,9 +193,10 @@ type sizer struct {
 	wanted     int // the last reported Sized figures
 	open       int
 	// arrivals: queries that came per second, smoothed: answers read, and
-	// queries registered or waiting (load, waiters) since the last tick
+	// calls registered or waiting (load, waiters) since the last tick, but
+	// for the rescues (a second call of a query that came before)
 	arrivals float64
-	queued   int    // load and waiters at the last tick
+	queued   int64  // load and waiters, less the rescues ever sent, at the last tick
 	used     [5]int // the most connections with queries outstanding in each of the last seconds, this one first
 	usedAt   int64  // unix ns when used[0]'s second began
 }
@@ -224,11 +225,11 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	// Connections that closed take their reads out of the total: their last
 	// tick's answers are not counted.
 	n := countConns(conns)
-	queued := n.load + int(p.waiters.Load())
+	queued := int64(n.load) + int64(p.waiters.Load()) - p.rescueCalls.Load()
 	if dt, r := now-z.at, max(reads-z.total, 0); z.at != 0 && dt > 0 {
 		z.rate += (float64(r)*1e9/float64(dt) - z.rate) / 16
 		z.tokens = min(z.tokens+float64(r)*rescueShare, maxRescueBurst)
-		came := max(r+int64(queued-z.queued), 0)
+		came := max(r+queued-z.queued, 0)
 		z.arrivals += (float64(came)*1e9/float64(dt) - z.arrivals) / 16
 	}
 	z.at, z.total, z.queued = now, reads, queued

@@ -1,0 +1,106 @@
+package dot
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// Whether a query that finds no idle connection to an in-order upstream
+// dials one (pick.go: dialForWaiter, freeingSoon; sizing.go: neededNow).
+// forward dials for every such query; the pool dials only where a dial is
+// what serves it soonest, and for no more queries than the load brings.
+
+func names(prefix string) func(int) string {
+	return func(i int) string { return fmt.Sprintf("%s%d.example.", prefix, i) }
+}
+
+// learnInOrder teaches p that its upstream answers in order: ten queries at
+// once queue on its first connection and are answered one service time apart.
+func learnInOrder(t *testing.T, p *Pool, service time.Duration) {
+	t.Helper()
+	checkOutcomes(t, offer(p, 10, 0, names("learn")), func(string) time.Duration { return time.Second })
+	waitFor(t, "the mode to be learned", func() bool { return p.Stats().Mode == ModeInOrder })
+}
+
+// In order, a query that finds every connection busy waits for one whose
+// answer is due before a handshake would be done, rather than dial one more
+// than forward would: the upstream answers in 10 ms, a handshake takes 40 ms.
+// It takes the first connection that frees (in 8 ms) and dials nothing.
+func TestInOrderWaiterTakesConnectionFreeingSoon(t *testing.T) {
+	const service, handshake = 10 * time.Millisecond, 40 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true) // none put behind another on purpose
+		learnInOrder(t, p, service)
+		time.Sleep(100 * time.Millisecond) // every connection idle
+		open, before := p.Stats().Conns, s.Handshakes()
+		busy := offerFor(p, open, 0, names("busy"))
+		time.Sleep(2 * time.Millisecond)
+		late := offer(p, 1, 0, names("late"))
+		checkOutcomes(t, busy(), func(string) time.Duration { return service })
+		// It waited 8 ms for a connection and 10 ms for its answer;
+		// behind a dial it would have waited 50 ms.
+		checkOutcomes(t, late, func(string) time.Duration { return 2*service - 2*time.Millisecond })
+		waitFor(t, "no dial under way", func() bool { return p.dialing.Load() == 0 })
+		if h := s.Handshakes() - before; h != 0 {
+			t.Errorf("%d connections dialled for a query that waited 8 ms for one of %d busy ones, want 0", h, open)
+		}
+	})
+}
+
+// The same query waits no longer than a dial's time for a connection that
+// is due to free but is slow after all: then it dials, and waits no more
+// than a dial and its own answer past the moment it was due.
+func TestInOrderWaiterDialsWhenDueConnectionIsSlow(t *testing.T) {
+	const service, handshake, slow = 10 * time.Millisecond, 40 * time.Millisecond, 2 * time.Second
+	delay := func(q dns.Question) time.Duration {
+		if q.Name == "busy0.example." {
+			return slow
+		}
+		return service
+	}
+	bubble(t, dottest.Options{InOrder: true, Delay: delay}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		learnInOrder(t, p, service)
+		time.Sleep(100 * time.Millisecond)
+		// One connection, busy with a slow query: the query after it
+		// counts on it for a dial's time, then dials.
+		for p.Stats().Conns > 1 {
+			time.Sleep(100 * time.Millisecond) // the idle ones beyond the load's close (inOrderIdle)
+		}
+		busy := offerFor(p, 1, 0, names("busy"))
+		time.Sleep(2 * time.Millisecond)
+		late := offer(p, 1, 0, names("late"))
+		checkOutcomes(t, late, func(string) time.Duration { return service + 2*handshake + 2*minWatchInterval })
+		checkOutcomes(t, busy(), func(string) time.Duration { return slow + service })
+	})
+}
+
+// A fresh pool in front of an in-order upstream (5 ms an answer, 1 ms a
+// handshake) under a steady 1,000 QPS: until in order is learned its queries
+// queue on its first connection, and then the queue is rescued. Forward holds
+// about 6 queries at once (the model of forward opens 7 connections). The
+// queue's rescues and the queries that come meanwhile share the connections
+// the arrival rate needs (neededNow: Little's law with the pool's headroom,
+// 20), rather than each dialling one: a queue forward never had is no load
+// to size the pool to (issue 21, seeds 78 and 170: 58 connections against
+// the model's 22, 70 against 46; here 45 before).
+func TestInOrderQueueRescuedOnFewConnections(t *testing.T) {
+	const service, handshake = 5 * time.Millisecond, time.Millisecond
+	b := behaviour{seed: 1, inOrder: true, scale: service, handshake: handshake}
+	ld := offeredLoad{qps: 1000, deadline: 2 * time.Second}
+	for i := range 300 {
+		ld.arrivals = append(ld.arrivals, time.Duration(i)*time.Millisecond)
+	}
+	pool := runPool(t, &b, ld)
+	if pool.answered != len(ld.arrivals) {
+		t.Errorf("Answered %d of %d: %v", pool.answered, len(ld.arrivals), pool)
+	}
+	if want := neededInOrder(ld.qps * (service + handshake).Seconds()); pool.peak > want {
+		t.Errorf("%d connections at once, want at most %d: %v", pool.peak, want, pool)
+	}
+}
