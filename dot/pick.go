@@ -135,7 +135,8 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 // to last among those). Before the first answer, a query of a burst joins the
 // connection the burst is on instead (see burstSince). In order, it starts a
 // dial when fewer than inOrderSpares idle ones are left (none are kept by
-// default: forward keeps none).
+// default: forward keeps none). A rescue takes no connection while a query
+// waits for one of its own.
 func (p *Pool) pickIdle(cl *call) *conn {
 	if cl.avoid != nil && p.waiters.Load() > p.rescuers.Load() {
 		// A rescue yields to a query that waits for a connection of its
@@ -217,9 +218,11 @@ func (p *Pool) burstSince(cl *call) int64 {
 }
 
 // dialForWaiter is for a query that found no connection it should go on
-// (pickIdle): it reports whether a dial is under way for it, one
-// per waiting query (those in acquireSlow, this one included when it waits
-// again), starting one if there are fewer, so that the query may wait.
+// (pickIdle): it reports whether a dial is under way for it or a busy
+// connection frees before a dial would be done (freeingSoon), one per
+// waiting query (those in acquireSlow, this one included when it waits
+// again; rescues not: they yield to these, see pickIdle), starting a dial if
+// there are fewer, so that the query may wait.
 func (p *Pool) dialForWaiter() bool {
 	soon := p.freeingSoon(nanotime())
 	p.mu.Lock()
