@@ -233,6 +233,26 @@ func (p *Pool) dialForWaiter() bool {
 	return p.startDialLocked(0, true)
 }
 
+// dialForRescue starts a dial, within what the load needs (see neededNow),
+// for a rescue of a query stuck on c that waits for a connection with nothing
+// outstanding, unless one is sooner: the stuck query is answered before a dial
+// would be done (in order, c's queries are answered a usual answer time
+// apart), or enough dials are under way or connections free before then
+// (freeingSoon) for every waiting query.
+func (p *Pool) dialForRescue(c *conn) {
+	u, d := p.learned.mode.usual.Load(), p.dialTime.Load()
+	if p.learned.mode.get() == ModeInOrder && int64(c.load.Load())*u < d {
+		return
+	}
+	soon := p.freeingSoon(nanotime())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if int(p.waiters.Load()) <= p.dials+soon {
+		return
+	}
+	p.startDialLocked(0, false)
+}
+
 // freeingSoon counts the connections with one query outstanding whose answer
 // is due (written a usual answer time ago) from now until a dial would be
 // done: a query that waits for one of them is served sooner than one that

@@ -141,7 +141,7 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 	w := slotWait{ctx: ctx, cl: cl, other: other, got: got}
 	defer w.stop()
 	for {
-		wake, err := p.needConn()
+		wake, err := p.needConn(cl.avoid == nil)
 		if err != nil {
 			return nil, err
 		}
@@ -149,7 +149,7 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 			return c, nil
 		}
 		if cl.avoid != nil {
-			p.dialNow() // a rescue waits for a connection with nothing outstanding
+			p.dialForRescue(cl.avoid) // a rescue waits for a connection with nothing outstanding
 		}
 		cl.waited = true
 		if len(*p.conns.Load()) == 0 {
@@ -226,17 +226,18 @@ func (p *Pool) recheckAfter() time.Duration {
 	return time.Duration(p.dialTime.Load())
 }
 
-// needConn is acquire's slow path: it starts a dial if allowed and returns the
-// channel that is closed when the pool's capacity may have changed. While the
-// upstream is in backoff and has no usable connection, it fails at once so the
-// caller can try another upstream.
-func (p *Pool) needConn() (<-chan struct{}, error) {
+// needConn is acquire's slow path: it starts a dial if allowed and dial (a
+// rescue dials as dialForRescue says) and returns the channel that is closed
+// when the pool's capacity may have changed. While the upstream is in backoff
+// and has no usable connection, it fails at once so the caller can try
+// another upstream.
+func (p *Pool) needConn(dial bool) (<-chan struct{}, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, ErrPoolClosed
 	}
-	if !p.hasRoomLocked() {
+	if dial && !p.hasRoomLocked() {
 		p.startDialLocked(0, false)
 	}
 	if p.dials == 0 && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {

@@ -104,3 +104,25 @@ func TestInOrderQueueRescuedOnFewConnections(t *testing.T) {
 		t.Errorf("%d connections at once, want at most %d: %v", pool.peak, want, pool)
 	}
 }
+
+// A queue that formed on a fresh pool's first connection before in order
+// was learned (30 queries at once, 5 ms an answer) is answered within 150 ms
+// of the handshake; a handshake takes 200 ms. Its rescues wait for the
+// queue rather than dial: the queue's last query is answered before a dial
+// would be done (dialForRescue), and the pool opens no second connection.
+func TestInOrderRescueDialsNotForShortQueue(t *testing.T) {
+	const service, handshake, n = 5 * time.Millisecond, 200 * time.Millisecond, 30
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		out := offer(p, n, 0, names("q"))
+		checkOutcomes(t, out, func(string) time.Duration { return handshake + n*service + time.Millisecond })
+		waitFor(t, "no dial under way", func() bool { return p.dialing.Load() == 0 })
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Fatalf("Mode %v, want %v", m, ModeInOrder)
+		}
+		if h := s.Handshakes(); h != 1 {
+			t.Errorf("%d handshakes for a queue answered before a second one would be done, want 1", h)
+		}
+	})
+}
