@@ -214,7 +214,7 @@ func (c *conn) evictBeyondLocked(limit int, now int64) {
 			c.removeLocked(cl)
 			cl.complete(result{err: errUnsent})
 		case int(cl.seq) > limit: // written (seq is set before the state)
-			cl.tombUntil, cl.lost = now+int64(c.pool.cfg.TombstoneTTL), true
+			cl.tombUntil, cl.lost, cl.evicted = now+int64(c.pool.cfg.TombstoneTTL), true, true
 			cl.complete(result{err: lost})
 		}
 	}

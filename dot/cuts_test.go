@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -222,4 +223,46 @@ func TestIdleCloseRaceReplayed(t *testing.T) {
 			t.Errorf("The query reached the server %d times, want 2 (written, then replayed)", d)
 		}
 	})
+}
+
+// A query evicted past a newly learned limit is replayed elsewhere; if its
+// server answers it after all (the limit was learned too low), the answer is
+// dropped as "evicted", not taken for a rescue's loser, and it still counts
+// as served by the connection.
+func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
+	c := newBareConn(t, 8)
+	rec := c.pool.obs.(*recorder)
+	calls := make([]*call, 3)
+	for i := range calls {
+		calls[i] = newTestCall(mustPrepare(t, fmt.Sprintf("q%d.example.", i)))
+		if !c.register(calls[i]) {
+			t.Fatalf("register %d failed", i)
+		}
+		<-c.writeq
+		calls[i].seq = uint32(i + 1)
+		calls[i].state.Store(callSent)
+	}
+	c.mu.Lock()
+	c.evictBeyondLocked(2, nanotime())
+	c.mu.Unlock()
+	r := <-calls[2].resp
+	if lost, ok := errors.AsType[*connLostError](r.err); !ok || !errors.Is(lost, errBeyondLimit) || !lost.replayable {
+		t.Fatalf("The third query got %v, want a replayable connection loss beyond the limit", r.err)
+	}
+	m := newQuery("q2.example.", dns.TypeA)
+	m.Id, m.Response = calls[2].id, true
+	b, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dispatch(b)
+	if d := rec.get(func(r *recorder) int { return r.drops[DropEvicted] }); d != 1 {
+		t.Errorf("Evicted drops = %d, want 1", d)
+	}
+	if d := rec.get(func(r *recorder) int { return r.drops[DropRescued] }); d != 0 {
+		t.Errorf("Rescued drops = %d, want 0: no rescue happened", d)
+	}
+	if c.served != 1 {
+		t.Errorf("Served = %d, want 1: the server served the evicted query", c.served)
+	}
 }
