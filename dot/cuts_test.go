@@ -266,3 +266,42 @@ func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
 		t.Errorf("Served = %d, want 1: the server served the evicted query", c.served)
 	}
 }
+
+// A connection drained at the learned query limit holds only queries its
+// server will answer before its cut: one of them that is merely slow (here
+// 800 ms, against drainQuiet's 500 ms) is waited for, as forward waits, not
+// taken for a dropped one and replayed to start its wait again. Replayed, it
+// took 1.3 s; a query that met two such drains failed (property seed 68:
+// 7 queries lost to "draining connection stopped answering").
+func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
+	const slow = 800 * time.Millisecond
+	opts := dottest.Options{CloseAfter: 6, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "slow.example." {
+			return slow
+		}
+		return time.Millisecond
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warm := offer(p, 100, time.Millisecond, func(i int) string { return fmt.Sprintf("w%d.example.", i) })
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if l := p.learned.limit.get(); l != 5 {
+			t.Fatalf("Learned limit %d after the warm-up, want 5", l)
+		}
+		replays := rec.get(func(r *recorder) int { return r.replays })
+		start := time.Now()
+		slowDone := make(chan error, 1)
+		go func() { _, err := exchange(p, "slow.example."); slowDone <- err }()
+		synctest.Wait()
+		out := offer(p, 20, 2*time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return 100 * time.Millisecond })
+		if err := <-slowDone; err != nil {
+			t.Fatalf("The slow query: %v", err)
+		}
+		if took := time.Since(start); took > slow+10*time.Millisecond {
+			t.Errorf("The slow query took %v, want its answer time %v", took, slow)
+		}
+		if r := rec.get(func(r *recorder) int { return r.replays }) - replays; r != 0 {
+			t.Errorf("%d replays, want none: nothing was dropped", r)
+		}
+	})
+}

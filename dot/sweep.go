@@ -124,12 +124,19 @@ func (c *conn) stalledLocked(now int64, oldest, next *call) bool {
 // whether a draining connection has stopped answering. It gets no new queries, so
 // its answers only dry up; if they stop while queries are still out, the server
 // has most likely dropped them (or is about to cut the connection): closing it
-// replays them elsewhere now, rather than after their read timeout.
+// replays them elsewhere now, rather than after their read timeout. Not so a
+// connection drained at the learned query limit: it holds only queries its
+// server answers before its cut, so a quiet one there is merely slow (a slow
+// name), and a replay would start its wait again; it gets the stall timeout.
 func (c *conn) drainStuckLocked(now int64, oldest *call) bool {
 	if r := c.reads.Load(); r != c.sweepReads || c.quietSince == 0 {
 		c.sweepReads, c.quietSince = r, now
 	}
-	return c.state == stateDraining && oldest != nil && now-c.quietSince > int64(drainQuiet(&c.pool.cfg))
+	quiet := drainQuiet(&c.pool.cfg)
+	if c.drainFor == CloseLimit {
+		quiet = c.pool.cfg.StallTimeout
+	}
+	return c.state == stateDraining && oldest != nil && now-c.quietSince > int64(quiet)
 }
 
 // silentBeyondLocked reports, for a connection to an out-of-order upstream,
