@@ -42,7 +42,7 @@ type call struct {
 	// evicted (with lost), when it was sent again elsewhere because it went
 	// past a newly learned query limit (conn.evictBeyondLocked).
 	rescued, lost, evicted bool
-	wonAt         int64
+	wonAt                  int64
 
 	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
 
