@@ -217,13 +217,14 @@ func (w *slotWait) stop() {
 
 // recheckAfter is how long a query that waits for a connection freeing soon
 // (see freeingSoon) waits before it looks again: a dial's time, by when the
-// connection it counted on is overdue (and may be slow) if it has not freed.
-// 0 while no query waits so (wakes alone then).
+// connection it counted on is overdue (and may be slow) if it has not freed;
+// at least minWatchInterval, so that a stall with many waiting does not spin
+// them. 0 while every waiting query has a dial under way (its end wakes them).
 func (p *Pool) recheckAfter() time.Duration {
-	if !p.oneEach() || p.learned.mode.usual.Load() == 0 {
+	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || p.dialing.Load() >= p.waiters.Load()-p.rescuers.Load() {
 		return 0
 	}
-	return time.Duration(p.dialTime.Load())
+	return max(time.Duration(p.dialTime.Load()), minWatchInterval)
 }
 
 // needConn is acquire's slow path: it starts a dial if allowed and dial (a
