@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -87,7 +88,7 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 		t.Errorf("dotforward counted %v requests to %s, want at least the %d sent", reqs, upstream, queries)
 	}
 	if dials < 1 || dials > maxDials {
-		t.Errorf("%v connections dialed for %v requests, want 1 to %d", dials, reqs, maxDials)
+		t.Errorf("%v connections dialed for %v requests, want 1 to %d; what the pool counted:\n%s", dials, reqs, maxDials, poolCounts(text))
 	}
 	t.Logf("%v requests over %v connections", reqs, dials)
 }
@@ -97,6 +98,20 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 // machine) says "one per record", which holds for ownTTL (a second), then
 // twice as long: within this time three more trials run.
 const verdictWithin = 15 * time.Second
+
+// poolCounts picks from a scrape the lines that say why a pool dialled: its
+// closes by reason, rescues, replays, drops and timeouts.
+func poolCounts(text string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(text, "\n") {
+		for _, m := range []string{"conn_closes_total", "rescues_total", "replays_total", "dropped_total", "timeouts_total", "upstream_mode", "dials_total"} {
+			if strings.HasPrefix(l, "coredns_dotforward_"+m) {
+				b.WriteString(l + "\n")
+			}
+		}
+	}
+	return b.String()
+}
 
 // requireRecordVerdict checks what dotforward's record trial learned of the
 // server (see upstreamKind.verdict). A wrong verdict must not stick: if the
