@@ -76,6 +76,11 @@ func TestServersUnderLoad(t *testing.T) {
 // upstream, and as many again for connections the server may have closed.
 const maxDials = 8
 
+// slowMean is the mean answer time from which the pool may have timed the
+// upstream as slow (its usual answer time at dot's unknownSlow, 10 ms, or
+// more) and sent one query per connection.
+const slowMean = 5 * time.Millisecond
+
 // requireReuse checks with dotforward's metrics that queries were pipelined over
 // a few long-lived connections rather than one connection per query.
 func requireReuse(t *testing.T, f *front, upstream string, queries int) {
@@ -87,10 +92,21 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 	if reqs < float64(queries) {
 		t.Errorf("dotforward counted %v requests to %s, want at least the %d sent", reqs, upstream, queries)
 	}
-	if dials < 1 || dials > maxDials {
-		t.Errorf("%v connections dialed for %v requests, want 1 to %d; what the pool counted:\n%s", dials, reqs, maxDials, poolCounts(text))
+	// A query a connection while the pool is still learning how a slow
+	// upstream serves (see dot's slowUnknown) is forward's shape: one
+	// connection per concurrent query. On a loaded CI machine a local server
+	// may answer that slowly (dnsdist took 51 connections once).
+	most := maxDials
+	took, _ := metricSum(text, "coredns_dotforward_request_duration_seconds_sum", to)
+	n, _ := metricSum(text, "coredns_dotforward_request_duration_seconds_count", to)
+	if n > 0 && took/n >= slowMean.Seconds() {
+		most = loadWorkers + maxDials
 	}
-	t.Logf("%v requests over %v connections", reqs, dials)
+	if dials < 1 || dials > float64(most) {
+		t.Errorf("%v connections dialed for %v requests (mean answer time %.1f ms), want 1 to %d; what the pool counted:\n%s",
+			dials, reqs, 1000*took/max(n, 1), most, poolCounts(text))
+	}
+	t.Logf("%v requests over %v connections, mean answer time %.1f ms", reqs, dials, 1000*took/max(n, 1))
 }
 
 // verdictWithin is how long a load may take to bring the record trial to the
