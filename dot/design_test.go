@@ -39,6 +39,7 @@ func TestDesignNumbers(t *testing.T) {
 		"silentAfter":              silentAfter,
 		"minSilentQuiet":           minSilentQuiet,
 		"minSilentBeyond":          minSilentBeyond,
+		"minSilentReading":         minSilentReading,
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
