@@ -120,7 +120,7 @@ const verdictWithin = 15 * time.Second
 func poolCounts(text string) string {
 	var b strings.Builder
 	for _, l := range strings.Split(text, "\n") {
-		for _, m := range []string{"conn_closes_total", "rescues_total", "replays_total", "dropped_total", "timeouts_total", "upstream_mode", "dials_total"} {
+		for _, m := range []string{"conn_closes_total", "rescues_total", "replays_total", "dropped_total", "timeouts_total", "upstream_mode", "conn_concurrency", "dials_total"} {
 			if strings.HasPrefix(l, "coredns_dotforward_"+m) {
 				b.WriteString(l + "\n")
 			}
