@@ -192,6 +192,7 @@ type sizer struct {
 	newestSent int64
 	wanted     int // the last reported Sized figures
 	open       int
+	perConn    int // the last reported ModeLearned figure (see Pool.learn)
 	// arrivals: queries that came per second, smoothed: answers read, and
 	// calls registered or waiting (load, waiters) since the last tick, but
 	// for the rescues (a second call of a query that came before)
