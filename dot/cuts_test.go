@@ -3,7 +3,6 @@ package dot
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -304,59 +303,5 @@ func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
 		if r := rec.get(func(r *recorder) int { return r.replays }) - replays; r != 0 {
 			t.Errorf("%d replays, want none: nothing was dropped", r)
 		}
-	})
-}
-
-// A server that ignores what is written past its limit and cuts only after its
-// slowest answer, with slow names among its first queries: the connection
-// keeps reading (their answers) while nothing written after its last served
-// query is answered. That connection's queries past it go elsewhere at once,
-// not after the slowest answer and the cut (property seed 63: 104 queries
-// held for 420 ms on the one connection the pool used). The slow names take
-// 200 ms to 1.2 s.
-func TestSilentWhileReadingEvicts(t *testing.T) {
-	const limit = 40
-	opts := dottest.Options{CloseAfter: limit, Delay: func(q dns.Question) time.Duration {
-		var n int
-		if _, err := fmt.Sscanf(q.Name, "slow%d.example.", &n); err == nil {
-			return time.Duration(n) * 200 * time.Millisecond
-		}
-		if q.Name == "order.example." {
-			return 20 * time.Millisecond
-		}
-		return time.Millisecond
-	}}
-	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		// No record trial: one on the burst of slow names would hold the
-		// connection's writes for trialTimeout, whenever it happens to run.
-		p.learned.records.v.Store(int32(verdictShared))
-		p.learned.records.until.Store(math.MaxInt64)
-		// Timed fast, then out of order: the third answer overtakes the second.
-		if _, err := exchange(p, "warm.example."); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { _, err := exchange(p, "order.example."); done <- err }()
-		synctest.Wait() // written first
-		if _, err := exchange(p, "overtakes.example."); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
-		if m := p.Stats().Mode; m != ModeOutOfOrder {
-			t.Fatalf("Mode %v, want out of order", m)
-		}
-		slowOut := make(chan []regimeOutcome, 1)
-		go func() { slowOut <- offer(p, 6, 0, func(i int) string { return fmt.Sprintf("slow%d.example.", i+1) }) }()
-		synctest.Wait() // the slow ones are written first
-		out := offer(p, 80, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
-		// Held to the cut, after the slowest answer (1.2 s), the queries
-		// past the limit took over a second; sent elsewhere at the first
-		// full sweep (every 100 ms) that sees them silent, 260 ms here, 370
-		// under -race, whose scheduling puts a read or a sweep later.
-		checkOutcomes(t, out, func(string) time.Duration { return 600 * time.Millisecond })
-		checkOutcomes(t, <-slowOut, func(string) time.Duration { return 2 * time.Second })
 	})
 }

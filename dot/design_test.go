@@ -39,7 +39,6 @@ func TestDesignNumbers(t *testing.T) {
 		"silentAfter":              silentAfter,
 		"minSilentQuiet":           minSilentQuiet,
 		"minSilentBeyond":          minSilentBeyond,
-		"minSilentReading":         minSilentReading,
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,

@@ -90,9 +90,7 @@ func (c *conn) dispatch(frame []byte) {
 	served := drop < 0 || drop == DropLate || drop == DropRescued || drop == DropEvicted
 	if served {
 		c.served++
-		if cl.seq > c.lastServed {
-			c.lastServed, c.servedAt = cl.seq, nanotime()
-		}
+		c.lastServed = max(c.lastServed, cl.seq)
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
 		if c.answers.busySlow >= minSlowEvidence && !c.pool.learnDue.Load() {
 			c.pool.learnDue.Store(true) // enough to learn in order from: at the next tick, not the next full sweep

@@ -144,49 +144,32 @@ func (c *conn) drainStuckLocked(now int64, oldest *call) bool {
 // how many queries its server answered if it has stopped answering any
 // written after them: a server with a query limit that reads the queries
 // past it and ignores them until the slowest of the first ones is answered
-// (and then cuts the connection). Out of order, one slow answer holds up no
-// other, so some of the queries written after the last one served would have
-// been answered unless every one of them is a slow name. It takes either
-//   - at least minSilentBeyond of them waiting, and queries written silentAfter
-//     usual answer times (minSilentQuiet at least) after the newest of them
-//     answered elsewhere; or
-//   - minSilentReading of them waiting that long, while the connection still
-//     reads (answers to slow names written before them) but none of them
-//     written after the last one served: a storm, which delays every answer
-//     alike, still answers the later ones. A server cutting after 809
-//     answers held 104 queries so for 420 ms (property seed 63), and the
-//     pool had no other connection taking queries.
-//
-// In order (or not known) they may be behind a slow one, which rescue.go
-// handles. 0: it has not. c.mu must be held; after drainStuckLocked, which
-// keeps quietSince.
+// (and then cuts the connection). It does if the connection has read nothing
+// for silentAfter usual answer times while other connections read, and at
+// least minSilentBeyond live queries written after the last one served, all
+// that long ago, wait, and queries written that much later were answered
+// elsewhere. Out of order, one slow answer holds up no other, so
+// those would have been answered; in order (or not known) they may be
+// behind a slow one, which rescue.go handles. 0: it has not. c.mu must be
+// held; after drainStuckLocked, which keeps quietSince.
 func (c *conn) silentBeyondLocked(now int64) int {
 	p := c.pool
 	quiet := max(silentAfter*p.learned.mode.usual.Load(), int64(minSilentQuiet))
-	if c.state != stateOpen || p.learned.mode.get() != ModeOutOfOrder || c.lastServed == 0 {
-		return 0
+	if c.state != stateOpen || p.learned.mode.get() != ModeOutOfOrder || c.lastServed == 0 ||
+		now-c.quietSince < quiet || now-p.readsGrewAt > quiet/4 {
+		return 0 // answering, or the upstream as a whole quiet (a stall)
 	}
-	beyond, overdue, newest, readsAt := 0, 0, int64(0), int64(0)
+	beyond, newest := 0, int64(0)
 	for _, cl := range c.calls {
 		if cl.tombUntil != 0 || cl.state.Load() != callSent || cl.seq <= c.lastServed {
 			continue
 		}
-		sent := cl.sentAt.Load()
 		beyond++
-		if sent > newest {
-			newest, readsAt = sent, cl.readsAt.Load()
-		}
-		if now-sent >= quiet {
-			overdue++
-		}
+		newest = max(newest, cl.sentAt.Load())
 	}
-	answeredElsewhere := now-c.quietSince >= quiet && now-p.readsGrewAt <= quiet/4 && // not a stall of the whole upstream
-		beyond >= minSilentBeyond && p.sizer.newestSent-newest >= quiet
-	// It read since the newest of them was written: its server still answers
-	// on it, only not these.
-	reading := c.reads.Load() > readsAt
-	servedNone := reading && overdue >= minSilentReading && now-c.servedAt >= quiet
-	if !answeredElsewhere && !servedNone {
+	// Queries written well after these were answered on other connections:
+	// not a storm, which delays every answer alike.
+	if beyond < minSilentBeyond || p.sizer.newestSent-newest < quiet {
 		return 0
 	}
 	return int(c.lastServed)
@@ -200,10 +183,6 @@ const (
 	// minSilentBeyond is the fewest unanswered queries past the last one
 	// served that show a silent connection: one or two may be slow names.
 	minSilentBeyond = 4
-	// minSilentReading is minSilentBeyond for a connection that still
-	// reads: all of them slow names is as unlikely as a quarter to the
-	// eighth power, one in 65,536, on an upstream where a quarter are.
-	minSilentReading = 8
 )
 
 // earliest returns the two written calls sent first among oldest, next (already
