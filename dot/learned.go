@@ -400,7 +400,7 @@ func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 	}
 	m.mode.Store(int32(next))
 	m.rescue.Store(m.acc.rescued >= 0.5)
-	m.waits.Store(m.acc.rescued >= 0.5 || m.acc.queued >= 0.5 || m.acc.waited >= 0.5)
+	m.waits.Store(m.acc.rescued >= 0.5 || m.acc.queued >= 0.5)
 	return next, next != old
 }
 
