@@ -38,9 +38,11 @@ type call struct {
 
 	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send
 	// the query again elsewhere; lost, when the caller gave it up because the
-	// query's other attempt was answered first; wonAt, when that was its rescue.
-	rescued, lost bool
-	wonAt         int64
+	// query's other attempt was answered first; wonAt, when that was its rescue;
+	// evicted (with lost), when it was sent again elsewhere because it went
+	// past a newly learned query limit (conn.evictBeyondLocked).
+	rescued, lost, evicted bool
+	wonAt                  int64
 
 	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
 

@@ -47,6 +47,7 @@ type conn struct {
 	answered   int              // guarded by mu: answers delivered on this connection
 	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
 	lastServed uint32           // guarded by mu: the highest write order (call.seq) the server served
+	servedAt   int64            // guarded by mu: unix ns when lastServed last grew
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	idleBefore int64            // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
@@ -214,7 +215,7 @@ func (c *conn) evictBeyondLocked(limit int, now int64) {
 			c.removeLocked(cl)
 			cl.complete(result{err: errUnsent})
 		case int(cl.seq) > limit: // written (seq is set before the state)
-			cl.tombUntil, cl.lost = now+int64(c.pool.cfg.TombstoneTTL), true
+			cl.tombUntil, cl.lost, cl.evicted = now+int64(c.pool.cfg.TombstoneTTL), true, true
 			cl.complete(result{err: lost})
 		}
 	}

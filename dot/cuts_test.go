@@ -1,7 +1,9 @@
 package dot
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -221,5 +223,140 @@ func TestIdleCloseRaceReplayed(t *testing.T) {
 		if d := dropped.Load(); d != 2 {
 			t.Errorf("The query reached the server %d times, want 2 (written, then replayed)", d)
 		}
+	})
+}
+
+// A query evicted past a newly learned limit is replayed elsewhere; if its
+// server answers it after all (the limit was learned too low), the answer is
+// dropped as "evicted", not taken for a rescue's loser, and it still counts
+// as served by the connection.
+func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
+	c := newBareConn(t, 8)
+	rec := c.pool.obs.(*recorder)
+	calls := make([]*call, 3)
+	for i := range calls {
+		calls[i] = newTestCall(mustPrepare(t, fmt.Sprintf("q%d.example.", i)))
+		if !c.register(calls[i]) {
+			t.Fatalf("register %d failed", i)
+		}
+		<-c.writeq
+		calls[i].seq = uint32(i + 1)
+		calls[i].state.Store(callSent)
+	}
+	c.mu.Lock()
+	c.evictBeyondLocked(2, nanotime())
+	c.mu.Unlock()
+	r := <-calls[2].resp
+	if lost, ok := errors.AsType[*connLostError](r.err); !ok || !errors.Is(lost, errBeyondLimit) || !lost.replayable {
+		t.Fatalf("The third query got %v, want a replayable connection loss beyond the limit", r.err)
+	}
+	m := newQuery("q2.example.", dns.TypeA)
+	m.Id, m.Response = calls[2].id, true
+	b, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dispatch(b)
+	if d := rec.get(func(r *recorder) int { return r.drops[DropEvicted] }); d != 1 {
+		t.Errorf("Evicted drops = %d, want 1", d)
+	}
+	if d := rec.get(func(r *recorder) int { return r.drops[DropRescued] }); d != 0 {
+		t.Errorf("Rescued drops = %d, want 0: no rescue happened", d)
+	}
+	if c.served != 1 {
+		t.Errorf("Served = %d, want 1: the server served the evicted query", c.served)
+	}
+}
+
+// A connection drained at the learned query limit holds only queries its
+// server will answer before its cut: one of them that is merely slow (here
+// 800 ms, against drainQuiet's 500 ms) is waited for, as forward waits, not
+// taken for a dropped one and replayed to start its wait again. Replayed, it
+// took 1.3 s; a query that met two such drains failed (property seed 68:
+// 7 queries lost to "draining connection stopped answering").
+func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
+	const slow = 800 * time.Millisecond
+	opts := dottest.Options{CloseAfter: 6, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "slow.example." {
+			return slow
+		}
+		return time.Millisecond
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warm := offer(p, 100, time.Millisecond, func(i int) string { return fmt.Sprintf("w%d.example.", i) })
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if l := p.learned.limit.get(); l != 5 {
+			t.Fatalf("Learned limit %d after the warm-up, want 5", l)
+		}
+		replays := rec.get(func(r *recorder) int { return r.replays })
+		start := time.Now()
+		slowDone := make(chan error, 1)
+		go func() { _, err := exchange(p, "slow.example."); slowDone <- err }()
+		synctest.Wait()
+		out := offer(p, 20, 2*time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return 100 * time.Millisecond })
+		if err := <-slowDone; err != nil {
+			t.Fatalf("The slow query: %v", err)
+		}
+		if took := time.Since(start); took > slow+10*time.Millisecond {
+			t.Errorf("The slow query took %v, want its answer time %v", took, slow)
+		}
+		if r := rec.get(func(r *recorder) int { return r.replays }) - replays; r != 0 {
+			t.Errorf("%d replays, want none: nothing was dropped", r)
+		}
+	})
+}
+
+// A server that ignores what is written past its limit and cuts only after its
+// slowest answer, with slow names among its first queries: the connection
+// keeps reading (their answers) while nothing written after its last served
+// query is answered. That connection's queries past it go elsewhere at once,
+// not after the slowest answer and the cut (property seed 63: 104 queries
+// held for 420 ms on the one connection the pool used). The slow names take
+// 200 ms to 1.2 s.
+func TestSilentWhileReadingEvicts(t *testing.T) {
+	const limit = 40
+	opts := dottest.Options{CloseAfter: limit, Delay: func(q dns.Question) time.Duration {
+		var n int
+		if _, err := fmt.Sscanf(q.Name, "slow%d.example.", &n); err == nil {
+			return time.Duration(n) * 200 * time.Millisecond
+		}
+		if q.Name == "order.example." {
+			return 20 * time.Millisecond
+		}
+		return time.Millisecond
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// No record trial: one on the burst of slow names would hold the
+		// connection's writes for trialTimeout, whenever it happens to run.
+		p.learned.records.v.Store(int32(verdictShared))
+		p.learned.records.until.Store(math.MaxInt64)
+		// Timed fast, then out of order: the third answer overtakes the second.
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := exchange(p, "order.example."); done <- err }()
+		synctest.Wait() // written first
+		if _, err := exchange(p, "overtakes.example."); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if m := p.Stats().Mode; m != ModeOutOfOrder {
+			t.Fatalf("Mode %v, want out of order", m)
+		}
+		slowOut := make(chan []regimeOutcome, 1)
+		go func() { slowOut <- offer(p, 6, 0, func(i int) string { return fmt.Sprintf("slow%d.example.", i+1) }) }()
+		synctest.Wait() // the slow ones are written first
+		out := offer(p, 80, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		// Held to the cut, after the slowest answer (1.2 s), the queries
+		// past the limit took over a second; sent elsewhere at the first
+		// full sweep (every 100 ms) that sees them silent, 260 ms here, 370
+		// under -race, whose scheduling puts a read or a sweep later.
+		checkOutcomes(t, out, func(string) time.Duration { return 600 * time.Millisecond })
+		checkOutcomes(t, <-slowOut, func(string) time.Duration { return 2 * time.Second })
 	})
 }

@@ -42,6 +42,7 @@ func TestDesignNumbers(t *testing.T) {
 		"silentAfter":              silentAfter,
 		"minSilentQuiet":           minSilentQuiet,
 		"minSilentBeyond":          minSilentBeyond,
+		"minSilentReading":         minSilentReading,
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,

@@ -96,10 +96,11 @@ const (
 	DropMalformed                       // too short or unparsable
 	DropLate                            // answer to a query that already timed out
 	DropRescued                         // answer to a query already answered on another connection (see Rescued)
+	DropEvicted                         // answer to a query sent elsewhere past a newly learned query limit (see evictBeyondLocked)
 	dropReasonCount
 )
 
-var dropReasonNames = [...]string{"unknown_id", "wrong_question", "malformed", "late", "rescued"}
+var dropReasonNames = [...]string{"unknown_id", "wrong_question", "malformed", "late", "rescued", "evicted"}
 
 func (r DropReason) String() string {
 	if r < 0 || r >= dropReasonCount {

@@ -137,10 +137,13 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 // learned a limit (a small one needs two like cuts): c drains.
 //
 // One silent connection may be one whose queries were all slow names: it
-// teaches only if another one fell silent after as many answers (give or
-// take one) before.
+// teaches the pool only if another one fell silent after as many answers
+// (give or take one) before. Its own queries past it go elsewhere either way:
+// a wrong guess costs their second writes (the late answers are dropped as
+// evicted), a right one saves their wait for the cut.
 func (p *Pool) learnSilence(c *conn, served int) {
 	if !p.silenceAlike(c, served) {
+		c.setQueryLimit(served) // this connection's only: its queries past it go elsewhere
 		return
 	}
 	if limit := p.limitCut(served, nanotime()); limit != 0 {

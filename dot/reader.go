@@ -73,7 +73,10 @@ func (c *conn) dispatch(frame []byte) {
 		drop = DropWrongQuestion // the call keeps waiting for its real answer
 	case cl.tombUntil != 0:
 		drop = DropLate
-		if cl.lost {
+		switch {
+		case cl.evicted:
+			drop = DropEvicted // the limit was learned too low: see queryLimit
+		case cl.lost:
 			drop = DropRescued
 			c.judgeLocked(cl, nanotime())
 		}
@@ -84,10 +87,12 @@ func (c *conn) dispatch(frame []byte) {
 	}
 	// served: the answer to one of our calls, whether or not its caller still
 	// waits for it: the upstream read the query and served it.
-	served := drop < 0 || drop == DropLate || drop == DropRescued
+	served := drop < 0 || drop == DropLate || drop == DropRescued || drop == DropEvicted
 	if served {
 		c.served++
-		c.lastServed = max(c.lastServed, cl.seq)
+		if cl.seq > c.lastServed {
+			c.lastServed, c.servedAt = cl.seq, nanotime()
+		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
 		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence) && !c.pool.learnDue.Load() {

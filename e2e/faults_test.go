@@ -164,7 +164,7 @@ func restartUnderLoad(t *testing.T, c *certs, u *dotServer) {
 		outs := load.results()
 		resumedAt = firstRunStart(outs, back, resumeRun)
 		if resumedAt.IsZero() {
-			return fmt.Errorf("no run of %d consecutive answers since the restart", resumeRun)
+			return fmt.Errorf("no run of %d consecutive answers since the restart (%s)", resumeRun, sinceSummary(outs, back))
 		}
 		return nil
 	})
@@ -231,6 +231,23 @@ func sortByStart(outs []outcome) {
 }
 
 // firstErrors lists the first few failures of queries started at or after since.
+// sinceSummary says how the queries started at or after since fared: how many
+// were answered and failed, and the last failures, which say what keeps traffic
+// from resuming.
+func sinceSummary(outs []outcome, since time.Time) string {
+	ok, failed := 0, []string{}
+	for _, o := range outs {
+		switch {
+		case o.start.Before(since):
+		case o.err == nil:
+			ok++
+		default:
+			failed = append(failed, fmt.Sprintf("%v after: %v", o.start.Sub(since).Round(time.Millisecond), o.err))
+		}
+	}
+	return fmt.Sprintf("%d answered and %d failed since; the last failures: %v", ok, len(failed), failed[max(0, len(failed)-3):])
+}
+
 func firstErrors(outs []outcome, since time.Time) []string {
 	var errs []string
 	for _, o := range outs {
