@@ -23,6 +23,7 @@ func TestDesignNumbers(t *testing.T) {
 		"minSideEvidence":          minSideEvidence,
 		"sideShare":                sideShare,
 		"waitedFactor":             waitedFactor,
+		"minServiceGap":            minServiceGap,
 		"minWaitedEvidence":        minWaitedEvidence,
 		"waitedShare":              waitedShare,
 		"untimedMaxConns":          untimedMaxConns,

@@ -245,13 +245,16 @@ func (l *answerLog) noteBusy(gap, sendGap, wait int64) {
 // answer time after its write: after waiting waitedFactor usual times it is
 // a slow answer, and it comes within twice the usual time of the one before
 // only by chance, or as far apart as the two were written when both are as
-// slow (side by side: a slow spell, which this does not count). So queries
+// slow (side by side: a slow spell, which this does not count). Answers that
+// come together (sooner than minServiceGap, or a quarter of the usual time,
+// apart) show no service time of their own: the server, or this process,
+// paused, and every query waited alike, on every connection. So queries
 // that wait behind slow ones show in order even while the queue is fed as
 // fast as it is served, where the gaps alone (busySlow) show nothing: they
 // are then as long as the send gaps.
 func (l *answerLog) waitedBehind(gap, sendGap, wait int64) bool {
 	u := l.usual
-	if u == 0 || wait < waitedFactor*u || wait < int64(serialGap) || gap > 2*u || gap < u/4 {
+	if u == 0 || wait < waitedFactor*u || wait < int64(serialGap) || gap > 2*u || gap < max(u/4, int64(minServiceGap)) {
 		return false
 	}
 	return l.lastSent != 0 && sendGap > 0 && abs(gap-sendGap) > u/8
@@ -263,6 +266,12 @@ func abs(x int64) int64 {
 	}
 	return x
 }
+
+// minServiceGap: a busy answer that came sooner than this after the
+// previous one came with it (the server wrote both at once, after a pause of
+// its own or of this process): no service time of its own shows between
+// them, so it shows nothing of waiting behind it (see waitedBehind).
+const minServiceGap = 50 * time.Microsecond
 
 // waitedFactor: a busy answer that waited this many usual answer times for
 // the previous one, and came like an answer of its own after it, waited

@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"testing"
@@ -14,7 +15,8 @@ import (
 // one before (not in its batch), waited waitedFactor usual times (and
 // serialGap) for the previous answer, and then came a service time of its
 // own after it; not when it came in a bunch read at once, as far apart as
-// the two calls were written (side by side), after a gap longer than twice
+// the two calls were written (side by side), sooner than minServiceGap
+// after it (written at once after a pause), after a gap longer than twice
 // the usual time, or after a short wait.
 func TestAnswerLogWaited(t *testing.T) {
 	us := int64(time.Microsecond)
@@ -23,16 +25,19 @@ func TestAnswerLogWaited(t *testing.T) {
 		name           string
 		sent, answered int64 // µs: the second call's write and answer; the first is written at 0 and answered at 5,000
 		want           bool
+		usual          int64 // µs; 0: usual
 	}{
-		{"behind a slow answer, one service time after it", 1000, 5300, true},
-		{"written in the first one's batch", 0, 5300, false},
-		{"read in a bunch with the first", 1000, 5000, false},
-		{"as far apart as written (side by side)", 500, 5500, false},
-		{"long after the first answer (slow itself)", 1000, 5000 + 2*usual + 1, false},
-		{"a short wait", 4500, 5300, false},
+		{"behind a slow answer, one service time after it", 1000, 5300, true, 0},
+		{"written in the first one's batch", 0, 5300, false, 0},
+		{"read in a bunch with the first", 1000, 5000, false, 0},
+		{"as far apart as written (side by side)", 500, 5500, false, 0},
+		{"long after the first answer (slow itself)", 1000, 5000 + 2*usual + 1, false, 0},
+		{"a short wait", 4500, 5300, false, 0},
+		{"a fast upstream's answer sooner than minServiceGap after (a pause)", 1000, 5040, false, 100},
+		{"a fast upstream's answer a service time after", 1000, 5060, true, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := answerLog{usual: usual * us}
+			l := answerLog{usual: cmp.Or(tc.usual, usual) * us}
 			l.note(1, 1, 5000*us, true) // written at 1 µs: 0 is "not written"
 			l.note(2, max(tc.sent*us, 1), tc.answered*us, true)
 			st := l.collect()
