@@ -56,3 +56,39 @@ func TestUntagged(t *testing.T) {
 		}
 	}
 }
+
+// A change of mode is logged once; a change of the queries per connection
+// alone (an unlearned upstream timed slow gets one query per connection) sets
+// conn_concurrency and is not logged, since it follows the answer times and
+// may change often.
+func TestModeLogLines(t *testing.T) {
+	logs := &lockedBuffer{}
+	prev := golog.Writer()
+	clog.SetOutput(logs)
+	defer clog.SetOutput(prev)
+	o := newObserver("192.0.2.7:853")
+	concurrency := func() float64 { return metricValue(t, connConcurrency.WithLabelValues(o.to)) }
+	steps := []struct {
+		mode    dot.Mode
+		perConn int
+		logged  string // "" for no line
+	}{
+		{dot.ModeUnknown, 1, "and answers slowly: one query per connection"},
+		{dot.ModeUnknown, 128, ""},
+		{dot.ModeUnknown, 1, ""},
+		{dot.ModeInOrder, 1, "one at a time, in order"},
+		{dot.ModeOutOfOrder, 128, "out of order: up to 128 queries per connection"},
+		{dot.ModeUnknown, 128, "has not shown lately how it serves a connection: up to 128"},
+	}
+	for i, s := range steps {
+		before := len(logs.String())
+		o.ModeLearned(s.mode, s.perConn)
+		line := logs.String()[before:]
+		if s.logged == "" && line != "" || !strings.Contains(line, s.logged) {
+			t.Errorf("Step %d (%v, %d): logged %q, want %q", i, s.mode, s.perConn, line, s.logged)
+		}
+		if c := concurrency(); c != float64(s.perConn) {
+			t.Errorf("Step %d: conn_concurrency %v, want %d", i, c, s.perConn)
+		}
+	}
+}

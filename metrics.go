@@ -2,6 +2,7 @@ package dotforward
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/coredns/coredns/plugin"
@@ -63,7 +64,7 @@ var (
 		Namespace: plugin.Namespace,
 		Subsystem: "dotforward",
 		Name:      "conn_concurrency",
-		Help:      "Gauge of the queries the pool puts on one connection to each upstream at once: 1 for an in-order upstream, max_inflight otherwise.",
+		Help:      "Gauge of the queries the pool puts on one connection to each upstream at once: 1 for an in-order upstream and for one not learned yet that answers slowly (10 ms or more), max_inflight otherwise.",
 	}, []string{"to"})
 	connsWanted = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: plugin.Namespace,
@@ -198,6 +199,7 @@ type observer struct {
 	rescues       prometheus.Counter
 	wanted        prometheus.Gauge
 	taking        prometheus.Gauge // conns_taking: connections taking queries (near their end included), as dot.Stats.Taking
+	mode          atomic.Int32     // the last mode ModeLearned reported, plus one (0: none yet)
 
 	// Bound by bindHedging, for lines with hedge only; nil otherwise.
 	hedges        prometheus.Counter
@@ -298,8 +300,15 @@ func (o *observer) SharedRecords(shared bool) {
 }
 
 // ModeLearned implements dot.SizeObserver: it sets the mode gauges and logs
-// the change, which explains how many connections the pool opens.
+// a change of mode, which explains how many connections the pool opens. A
+// change of the queries per connection alone (an upstream not yet learned
+// that answers slowly gets one query per connection, see dot's slowUnknown)
+// sets conn_concurrency and is not logged: it follows the answer times.
 func (o *observer) ModeLearned(m dot.Mode, perConn int) {
+	connConcurrency.WithLabelValues(o.to).Set(float64(perConn))
+	if o.mode.Swap(int32(m)+1) == int32(m)+1 {
+		return // the same mode
+	}
 	for _, mode := range []dot.Mode{dot.ModeUnknown, dot.ModeOutOfOrder, dot.ModeInOrder} {
 		v := 0.0
 		if mode == m {
@@ -307,12 +316,13 @@ func (o *observer) ModeLearned(m dot.Mode, perConn int) {
 		}
 		upstreamMode.WithLabelValues(o.to, mode.String()).Set(v)
 	}
-	connConcurrency.WithLabelValues(o.to).Set(float64(perConn))
-	switch m {
-	case dot.ModeInOrder:
+	switch {
+	case m == dot.ModeInOrder:
 		log.Infof("Upstream %s answers the queries of a connection one at a time, in order: one query per connection, as many connections as the load needs", o.to)
-	case dot.ModeOutOfOrder:
+	case m == dot.ModeOutOfOrder:
 		log.Infof("Upstream %s answers the queries of a connection out of order: up to %d queries per connection, few connections", o.to, perConn)
+	case perConn == 1:
+		log.Infof("Upstream %s has not shown lately how it serves a connection, and answers slowly: one query per connection, as forward sends them, until it shows", o.to)
 	default:
 		log.Infof("Upstream %s has not shown lately how it serves a connection: up to %d queries per connection, few connections", o.to, perConn)
 	}

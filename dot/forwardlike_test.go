@@ -2,6 +2,7 @@ package dot
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -47,6 +48,13 @@ func TestSlowUnknownUpstreamOneQueryAConnection(t *testing.T) {
 		}
 		if m := s.MaxOutstanding(); m > 1 {
 			t.Errorf("Up to %d queries outstanding on one connection, want 1", m)
+		}
+		// Reported, so that the operator's conn_concurrency says so.
+		rec.mu.Lock()
+		pc := slices.Clone(rec.perConn)
+		rec.mu.Unlock()
+		if len(pc) == 0 || pc[len(pc)-1] != 1 {
+			t.Errorf("Queries per connection reported: %v, want 1 last", pc)
 		}
 	})
 }

@@ -80,7 +80,8 @@ type recorder struct {
 	verdicts  []bool // SharedRecords reports, in order
 	coalesced int
 	rescues   int
-	modes     []Mode // ModeLearned reports, in order
+	modes     []Mode // ModeLearned reports of a new mode, in order
+	perConn   []int  // ModeLearned reports' queries per connection, in order
 	wanted    int    // the last Sized report
 	open      int
 	maxWant   int // the most connections ever wanted
@@ -144,9 +145,13 @@ func (r *recorder) Coalesced() {
 	r.coalesced++
 }
 
-func (r *recorder) ModeLearned(m Mode, _ int) {
+func (r *recorder) ModeLearned(m Mode, perConn int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.perConn = append(r.perConn, perConn)
+	if len(r.modes) == 0 && m == ModeUnknown || len(r.modes) > 0 && r.modes[len(r.modes)-1] == m {
+		return // the queries per connection changed, not the mode
+	}
 	r.modes = append(r.modes, m)
 }
 

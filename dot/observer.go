@@ -34,8 +34,9 @@ type Observer interface {
 type SizeObserver interface {
 	Observer
 	// ModeLearned reports a change of what the pool learned of how the upstream
-	// serves a connection, and the queries it now aims to put on one connection
-	// at once: 1 in order, MaxInflight otherwise.
+	// serves a connection, or of the queries it aims to put on one connection
+	// at once: 1 in order, and while the mode is unknown and the upstream
+	// answers slowly (forward's shape), MaxInflight otherwise.
 	ModeLearned(m Mode, perConn int)
 	// Sized reports, when either changes, how many connections taking queries
 	// the load wants and how many take queries (not draining, not blocked

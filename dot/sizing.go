@@ -192,6 +192,7 @@ type sizer struct {
 	newestSent int64
 	wanted     int // the last reported Sized figures
 	open       int
+	perConn    int    // the last reported ModeLearned figure (see Pool.learn)
 	used       [5]int // the most connections with queries outstanding in each of the last seconds, this one first
 	usedAt     int64  // unix ns when used[0]'s second began
 }

@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"cmp"
 	"errors"
 	"time"
 )
@@ -361,11 +362,17 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	if st.aloneN > 0 {
 		alone = st.aloneSum / int64(st.aloneN)
 	}
-	if mode, changed := m.update(st.evidence, alone, now); changed {
-		perConn := p.cfg.MaxInflight
-		if mode == ModeInOrder {
-			perConn = 1
-		}
+	mode, changed := m.update(st.evidence, alone, now)
+	// A query a connection in order, and while the mode is unknown and the
+	// upstream timed slow (slowUnknown; not the untimed start, which says
+	// nothing of the upstream yet): reported when it changes too, so that
+	// conn_concurrency says what the pool does.
+	perConn := p.cfg.MaxInflight
+	if mode == ModeInOrder || m.usual.Load() > 0 && p.slowUnknown() {
+		perConn = 1
+	}
+	if changed || perConn != cmp.Or(p.sizer.perConn, p.cfg.MaxInflight) { // none reported yet: MaxInflight
+		p.sizer.perConn = perConn
 		p.sizeObs.ModeLearned(mode, perConn)
 	}
 }

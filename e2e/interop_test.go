@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -75,6 +76,11 @@ func TestServersUnderLoad(t *testing.T) {
 // upstream, and as many again for connections the server may have closed.
 const maxDials = 8
 
+// slowMean is the mean answer time from which the pool may have timed the
+// upstream as slow (its usual answer time at dot's unknownSlow, 10 ms, or
+// more) and sent one query per connection.
+const slowMean = 5 * time.Millisecond
+
 // requireReuse checks with dotforward's metrics that queries were pipelined over
 // a few long-lived connections rather than one connection per query.
 func requireReuse(t *testing.T, f *front, upstream string, queries int) {
@@ -86,10 +92,21 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 	if reqs < float64(queries) {
 		t.Errorf("dotforward counted %v requests to %s, want at least the %d sent", reqs, upstream, queries)
 	}
-	if dials < 1 || dials > maxDials {
-		t.Errorf("%v connections dialed for %v requests, want 1 to %d", dials, reqs, maxDials)
+	// A query a connection while the pool is still learning how a slow
+	// upstream serves (see dot's slowUnknown) is forward's shape: one
+	// connection per concurrent query. On a loaded CI machine a local server
+	// may answer that slowly (dnsdist took 51 connections once).
+	most := maxDials
+	took, _ := metricSum(text, "coredns_dotforward_request_duration_seconds_sum", to)
+	n, _ := metricSum(text, "coredns_dotforward_request_duration_seconds_count", to)
+	if n > 0 && took/n >= slowMean.Seconds() {
+		most = loadWorkers + maxDials
 	}
-	t.Logf("%v requests over %v connections", reqs, dials)
+	if dials < 1 || dials > float64(most) {
+		t.Errorf("%v connections dialed for %v requests (mean answer time %.1f ms), want 1 to %d; what the pool counted:\n%s",
+			dials, reqs, 1000*took/max(n, 1), most, poolCounts(text))
+	}
+	t.Logf("%v requests over %v connections, mean answer time %.1f ms", reqs, dials, 1000*took/max(n, 1))
 }
 
 // verdictWithin is how long a load may take to bring the record trial to the
@@ -97,6 +114,20 @@ func requireReuse(t *testing.T, f *front, upstream string, queries int) {
 // machine) says "one per record", which holds for ownTTL (a second), then
 // twice as long: within this time three more trials run.
 const verdictWithin = 15 * time.Second
+
+// poolCounts picks from a scrape the lines that say why a pool dialled: its
+// closes by reason, rescues, replays, drops and timeouts.
+func poolCounts(text string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(text, "\n") {
+		for _, m := range []string{"conn_closes_total", "rescues_total", "replays_total", "dropped_total", "timeouts_total", "upstream_mode", "conn_concurrency", "dials_total"} {
+			if strings.HasPrefix(l, "coredns_dotforward_"+m) {
+				b.WriteString(l + "\n")
+			}
+		}
+	}
+	return b.String()
+}
 
 // requireRecordVerdict checks what dotforward's record trial learned of the
 // server (see upstreamKind.verdict). A wrong verdict must not stick: if the
