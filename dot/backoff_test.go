@@ -1,13 +1,19 @@
 package dot
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math"
+	"net"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
 )
 
 func TestBackoffSchedule(t *testing.T) {
@@ -125,4 +131,52 @@ func TestDialFailureIsUnavailableUntilBackoffPasses(t *testing.T) {
 	if _, err := exchange(p, "b.example."); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Second error = %v, want ErrUnavailable at once", err)
 	}
+}
+
+// Connections that fail together are one strike: a server that restarts cuts
+// every connection at once, and a pool with one per query (a slow upstream
+// not learned yet, as forward opens them) counted each, which armed the 30 s
+// cap for a restart of under a second (e2e: dnsdist and kresd, no answer for
+// 10 s after the restart). Queries sent once the server is back and a
+// backoff or three have passed are answered.
+func TestConnectionsFailingTogetherAreOneStrike(t *testing.T) {
+	const service, downFor = 50 * time.Millisecond, 900 * time.Millisecond
+	var down atomic.Bool
+	mod := func(c *Config) {
+		dial := c.Dial
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if down.Load() {
+				time.Sleep(time.Millisecond) // dials started together fail together
+				return nil, syscall.ECONNREFUSED
+			}
+			return dial(ctx, network, addr)
+		}
+	}
+	opts := dottest.Options{Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		start := time.Now()
+		wait := offerFor(p, 2000, 2500*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		time.Sleep(time.Second)
+		open := p.Stats().Conns
+		down.Store(true)
+		s.CloseConns()
+		time.Sleep(downFor)
+		down.Store(false)
+		back := time.Since(start)
+		// Three backoffs at most (250, 400, 640 ms, ±20 %) from the cut.
+		resumeBy := time.Second + 1600*time.Millisecond
+		failedAfter := 0
+		for i, o := range wait() {
+			if at := time.Duration(i) * 2500 * time.Microsecond; at >= resumeBy && o.err != nil {
+				failedAfter++
+			}
+		}
+		t.Logf("%d connections open at the cut, server back %v after the start, %d strikes", open, back, p.Stats().Strikes)
+		if open < 10 {
+			t.Fatalf("%d connections open at the cut, want a query a connection (10 or more)", open)
+		}
+		if failedAfter > 0 {
+			t.Errorf("%d queries sent %v or more after the start failed, want none: the server was back at %v", failedAfter, resumeBy, back)
+		}
+	})
 }
