@@ -74,7 +74,8 @@
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order
 //     (an answer overtook a query written before it), in order (rescues won by
-//     far, or answers queued behind each other coming apart: see
+//     far, answers queued behind each other coming apart, or queries that
+//     waited behind a slow answer coming one service time after it: see
 //     docs/design.md for the thresholds), or unknown. Each is held by decayed
 //     counts that answers keep renewing, and left only on evidence as strong as
 //     what made it: in order is left when queries alone on their connection

@@ -110,6 +110,7 @@ type answerLog struct {
 	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
 	sideSend     int64  // a busy answer to a call written this soon after the previous one shows, if no later than it, side-by-side service (see noteBusy; 0: none)
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
+	usual        int64  // the pool's usual answer time, as the reader last read it (0: none yet): what waited measures against (see waitedBehind)
 	// newestSent is the write time (unix ns) of the latest-written call
 	// answered on the connection: written under conn.mu, read by the sweeper
 	// without it, to tell a query waiting behind another (a later one was
@@ -144,6 +145,11 @@ type evidence struct {
 	// send gap: served side by side with it (in order, the gap would be
 	// its own answer time, a quarter of the usual one or more)
 	side float64
+	// waited: of the busy answers, those that came like an answer of
+	// their own (within twice the usual time of the previous one) after
+	// waiting waitedFactor usual times for it: they were served after
+	// it, not beside it (see noteBusy)
+	waited float64
 }
 
 // serialGap: a call that waited behind another answer and came this long or
@@ -180,7 +186,7 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 		l.aloneSum += t
 		l.aloneN++
 	case seq == l.lastSeq+1 && sentAt != 0:
-		l.noteBusy(now-l.lastAt, sentAt-l.lastSent)
+		l.noteBusy(now-l.lastAt, sentAt-l.lastSent, l.lastAt-sentAt)
 	}
 	l.lastSeq, l.lastAt, l.lastSent = seq, now, sentAt
 }
@@ -201,10 +207,16 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 // in order from a few answers, not from seconds of them. (An answer that
 // took longer than the usual answer time is no such evidence: a concurrent
 // upstream's slow names are slow in themselves, and the hedge sends the next
-// query just as long after.)
-func (l *answerLog) noteBusy(gap, sendGap int64) {
+// query just as long after.) Apart from the gap, an answer that waited
+// long for the previous one and then came one service time after it is
+// counted as waited (see waitedBehind). wait is how long before the
+// previous answer the call was written.
+func (l *answerLog) noteBusy(gap, sendGap, wait int64) {
 	if l.lastSent == 0 {
 		sendGap = 0
+	}
+	if l.waitedBehind(gap, sendGap, wait) {
+		l.waited++
 	}
 	excess := gap - max(sendGap, 0)
 	switch {
@@ -222,6 +234,49 @@ func (l *answerLog) noteBusy(gap, sendGap int64) {
 		l.busy++
 	}
 }
+
+// waitedBehind reports whether a busy answer that came gap after the
+// previous answer, its call written sendGap after the previous one's and
+// wait before the previous answer came, waited behind that one.
+//
+// In order, such a call is served only once the previous one is: its answer
+// comes its own service time after that one (a usual time, give or take),
+// however long it waited before. Out of order, its answer comes its own
+// answer time after its write: after waiting waitedFactor usual times it is
+// a slow answer, and it comes within twice the usual time of the one before
+// only by chance, or as far apart as the two were written when both are as
+// slow (side by side: a slow spell, which this does not count). Answers that
+// come together (sooner than minServiceGap, or a quarter of the usual time,
+// apart) show no service time of their own: the server, or this process,
+// paused, and every query waited alike, on every connection. So queries
+// that wait behind slow ones show in order even while the queue is fed as
+// fast as it is served, where the gaps alone (busySlow) show nothing: they
+// are then as long as the send gaps.
+func (l *answerLog) waitedBehind(gap, sendGap, wait int64) bool {
+	u := l.usual
+	if u == 0 || wait < waitedFactor*u || wait < int64(serialGap) || gap > 2*u || gap < max(u/4, int64(minServiceGap)) {
+		return false
+	}
+	return l.lastSent != 0 && sendGap > 0 && abs(gap-sendGap) > u/8
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// minServiceGap: a busy answer that came sooner than this after the
+// previous one came with it (the server wrote both at once, after a pause of
+// its own or of this process): no service time of its own shows between
+// them, so it shows nothing of waiting behind it (see waitedBehind).
+const minServiceGap = 50 * time.Microsecond
+
+// waitedFactor: a busy answer that waited this many usual answer times for
+// the previous one, and came like an answer of its own after it, waited
+// behind it (see waitedBehind).
+const waitedFactor = 2
 
 // slowWeight is what a slow gap of excess (the gap beyond the send gap)
 // weighs as evidence of in order: one per slowWeightUnit, one at least and
@@ -248,6 +303,7 @@ func (st *answerStats) add(o answerStats) {
 	st.busySlow += o.busySlow
 	st.queued += o.queued
 	st.side += o.side
+	st.waited += o.waited
 	st.aloneSum += o.aloneSum
 	st.aloneN += o.aloneN
 	st.sum += o.sum
@@ -289,6 +345,11 @@ const (
 	minSideEvidence   = 3    // busy answers served side by side (decayed count)...
 	sideShare         = 3    // ...that outnumber the slow gaps this many times
 	slowShare         = 0.75 // ...that are this share of the busy answers
+	// minWaitedEvidence: busy answers that waited behind the previous one
+	// (decayed count, see waitedBehind), waitedShare of the busy answers
+	// or more, make an upstream in-order.
+	minWaitedEvidence = 8
+	waitedShare       = 0.25
 	// gainFactor: after in order was left as crowded (see gainless), slow
 	// gaps make it in order again only while the mean answer time is this
 	// many times what it was in order: more connections would halve it.
@@ -316,8 +377,10 @@ func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
 // server never does that). With none for outOfOrderQuiet, rescues that won by
 // far (see conn.judgeLocked) make it in-order, and so do answers that keep
 // coming a full serialGap apart (minSlowEvidence of them, slowShare of those
-// queued behind another): the pool serves worse than in order would, queries
-// waiting behind others on few connections while the answers come one
+// queued behind another), and so do queries that waited behind a slow answer
+// and came one service time after it (minWaitedEvidence, waitedShare of the
+// busy answers, see waitedBehind): the pool serves worse than in order would,
+// queries waiting behind others on few connections while the answers come one
 // service time apart, whatever the mode was.
 //
 // In order, a query has a connection to itself and is answered in about the
@@ -357,6 +420,7 @@ func (m *serveMode) decay(e evidence) {
 	a.busy = a.busy*7/8 + e.busy
 	a.busySlow = a.busySlow*7/8 + e.busySlow
 	a.queued = a.queued*7/8 + e.queued
+	a.waited = a.waited*7/8 + e.waited
 	if e.busy > 0 {
 		// Side-by-side evidence comes only from order checks while queries
 		// go one to a connection, a few a second: it fades with each new
@@ -369,6 +433,7 @@ func (m *serveMode) decay(e evidence) {
 func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
 	a, usual := &m.acc, m.usual.Load()
 	slowGaps := a.busySlow >= minSlowEvidence && a.busySlow >= slowShare*a.busy
+	waited := a.waited >= minWaitedEvidence && a.waited >= waitedShare*a.busy
 	gain := old == ModeInOrder || m.mean.Load() >= gainFactor*m.gainless
 	switch {
 	case e.inversions > 0:
@@ -384,8 +449,8 @@ func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
 		m.until = now + int64(learnedTTL)
 		return ModeOutOfOrder
 	case now-m.inverted < int64(outOfOrderQuiet):
-	case a.rescued >= minRescueEvidence || slowGaps && gain:
-		if e.rescued > 0 || e.busySlow > 0 || old != ModeInOrder {
+	case a.rescued >= minRescueEvidence || (slowGaps || waited) && gain:
+		if e.rescued > 0 || e.busySlow > 0 || e.waited > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)
 		}
 		if old != ModeInOrder || m.inOrderUsual == 0 || usual != 0 && usual < m.inOrderUsual {

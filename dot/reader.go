@@ -91,8 +91,9 @@ func (c *conn) dispatch(frame []byte) {
 	if served {
 		c.served++
 		c.lastServed = max(c.lastServed, cl.seq)
+		c.answers.usual = c.pool.learned.mode.usual.Load()
 		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
-		if c.answers.busySlow >= minSlowEvidence && !c.pool.learnDue.Load() {
+		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence) && !c.pool.learnDue.Load() {
 			c.pool.learnDue.Store(true) // enough to learn in order from: at the next tick, not the next full sweep
 		}
 	}
