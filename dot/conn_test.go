@@ -267,12 +267,22 @@ func TestPaddingOnTheWireAndKeepalive(t *testing.T) {
 		c.mu.Lock()
 		idle := c.idle
 		c.mu.Unlock()
-		if want := 300 * time.Millisecond * 3 / 4; idle != want {
+		want := 300 * time.Millisecond * 3 / 4
+		if idle != want {
 			t.Errorf("Idle timeout after the server's 300ms keepalive = %v, want %v", idle, want)
 		}
 		waitFor(t, "the idle close before the server's keepalive", func() bool {
 			return rec.get(func(r *recorder) int { return r.closes[CloseIdle] }) == 1
 		})
+		// A new connection keeps what the server told on the others before
+		// it hears it itself: a spare that carries no query never does.
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		bc := &batchConn{Conn: a}
+		if n := newConn(p, tls.Client(bc, p.tls), bc); n.idle != want {
+			t.Errorf("A new connection's idle timeout = %v, want the told %v", n.idle, want)
+		}
 	})
 }
 
