@@ -38,7 +38,10 @@
 //     watch for blocked connections and the sizing; every sweepInterval timeouts,
 //     tombstones, stall, drain, idle, and learning.
 //   - learned.go: what the pool learns of its upstream (record verdict, mode and
-//     usual answer time), and the answer log the mode is learned from.
+//     usual answer time), and how the mode is decided from the evidence.
+//   - answerlog.go: the answer log the mode is learned from: what one
+//     connection's answers say (slow gaps, side by side, waited), collected by
+//     the sweeper.
 //   - querylimit.go: the query limit learned from a server's cuts (and from
 //     silent connections, see sweep.go), and restarts told apart from it.
 //   - query.go: a client's query prepared once for the upstream, and what is refused.

@@ -1,0 +1,216 @@
+package dot
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// answerLog is what one connection's answers say about the upstream: where each
+// falls in the connection's write order, and how long it took. The reader notes
+// every answer (note, under conn.mu); the sweeper collects the counts.
+type answerLog struct {
+	lastSeq      uint32 // the latest-written call answered so far (write order, from 1)
+	lastAt       int64  // unix ns of the previous answer
+	lastSent     int64  // unix ns when the previous answer's call was written
+	aloneCeiling int64  // alone samples above this (if set, see ceiling) are cut to it: one slow answer does not make the upstream slow
+	sideSend     int64  // a busy answer to a call written this soon after the previous one shows, if no later than it, side-by-side service (see noteBusy; 0: none)
+	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
+	usual        int64  // the pool's usual answer time, as the reader last read it (0: none yet): what waited measures against (see waitedBehind)
+	// newestSent is the write time (unix ns) of the latest-written call
+	// answered on the connection: written under conn.mu, read by the sweeper
+	// without it, to tell a query waiting behind another (a later one was
+	// answered) from a slow one (see conn.stuckLocked).
+	newestSent atomic.Int64
+
+	answerStats // since the sweeper last collected them
+}
+
+// answerStats are what answers showed since they were last collected.
+type answerStats struct {
+	evidence
+	aloneSum int64 // answer times (ns) of calls written with nothing outstanding before them
+	aloneN   int
+	sum      int64 // answer times (ns) of every answer delivered, cut at meanCeiling
+	n        int
+}
+
+// evidence counts what answers showed of how the upstream serves a connection.
+type evidence struct {
+	inversions float64 // answers to a call written before one already answered: out of order
+	rescued    float64 // rescues answered sooner than their stuck query had already waited: in order
+	busy       float64 // answers to calls that were waiting when the previous answer came
+	busySlow   float64 // of those, the ones that came serialGap or more after that answer: in order, slow
+	// queued: of the busy answers, those that came within serialGap of the
+	// previous one although written minRescueDelay or more after it: they
+	// waited behind it (an answer slow in itself comes as long after its own
+	// write as the previous one did)
+	queued float64
+	// side: of the busy answers, those to a call written within sideSend
+	// of the previous one that came no more than serialGap later than the
+	// send gap: served side by side with it (in order, the gap would be
+	// its own answer time, a quarter of the usual one or more)
+	side float64
+	// waited: of the busy answers, those that came like an answer of
+	// their own (within twice the usual time of the previous one) after
+	// waiting waitedFactor usual times for it: they were served after
+	// it, not beside it (see noteBusy)
+	waited float64
+}
+
+// serialGap: a call that waited behind another answer and came this long or
+// more after it was served after that one, not with it.
+const serialGap = time.Millisecond
+
+// note records the answer to the call written seq-th on the connection, sent at
+// sentAt (0 if unknown), arriving at now; delivered if its caller was still
+// waiting (not a late answer).
+func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
+	if seq == 0 {
+		return // never written: cannot be an answer
+	}
+	if sentAt > l.newestSent.Load() {
+		l.newestSent.Store(sentAt)
+	}
+	if sentAt != 0 && delivered {
+		t := now - sentAt
+		if l.meanCeiling > 0 {
+			t = min(t, l.meanCeiling)
+		}
+		l.sum += t
+		l.n++
+	}
+	switch {
+	case seq < l.lastSeq:
+		l.inversions++
+		return // the in-order bookkeeping below stays with the latest answer
+	case seq == l.lastSeq+1 && sentAt != 0 && sentAt >= l.lastAt:
+		t := now - sentAt
+		if l.aloneCeiling > 0 {
+			t = min(t, l.aloneCeiling)
+		}
+		l.aloneSum += t
+		l.aloneN++
+	case seq == l.lastSeq+1 && sentAt != 0:
+		l.noteBusy(now-l.lastAt, sentAt-l.lastSent, l.lastAt-sentAt)
+	}
+	l.lastSeq, l.lastAt, l.lastSent = seq, now, sentAt
+}
+
+// noteBusy records an answer to a call that was waiting when the previous
+// answer came, gap after that answer, written sendGap after the previous
+// answer's call (meaningless if that was not written: lastSent 0).
+//
+// An upstream that serves a connection's queries one at a time answers such a
+// call a whole service time after the one before, however soon after it the
+// call was written: the gap exceeds the send gap (busySlow). One that serves
+// them side by side, each in the same time, answers them as far apart as they
+// were written: a uniformly slow upstream gives gaps equal to the send gaps,
+// which is no evidence of anything. A slow gap weighs more the longer it is
+// (slowWeight): a query waiting a whole 100 ms service time behind another is
+// what in order costs, and one such sample says as much as many of a
+// millisecond; so an upstream that answers a few queries a second is learned
+// in order from a few answers, not from seconds of them. (An answer that
+// took longer than the usual answer time is no such evidence: a concurrent
+// upstream's slow names are slow in themselves, and the hedge sends the next
+// query just as long after.) Apart from the gap, an answer that waited
+// long for the previous one and then came one service time after it is
+// counted as waited (see waitedBehind). wait is how long before the
+// previous answer the call was written.
+func (l *answerLog) noteBusy(gap, sendGap, wait int64) {
+	if l.lastSent == 0 {
+		sendGap = 0
+	}
+	if l.waitedBehind(gap, sendGap, wait) {
+		l.waited++
+	}
+	excess := gap - max(sendGap, 0)
+	switch {
+	case gap >= int64(serialGap) && excess >= int64(serialGap):
+		w := slowWeight(excess)
+		l.busy += w
+		l.busySlow += w
+	case gap < int64(serialGap) && sendGap >= int64(minRescueDelay):
+		l.busy++
+		l.queued++
+	case l.sideSend > 0 && sendGap < l.sideSend && excess < int64(serialGap):
+		l.busy++
+		l.side++
+	default:
+		l.busy++
+	}
+}
+
+// waitedBehind reports whether a busy answer that came gap after the
+// previous answer, its call written sendGap after the previous one's and
+// wait before the previous answer came, waited behind that one.
+//
+// In order, such a call is served only once the previous one is: its answer
+// comes its own service time after that one (a usual time, give or take),
+// however long it waited before. Out of order, its answer comes its own
+// answer time after its write: after waiting waitedFactor usual times it is
+// a slow answer, and it comes within twice the usual time of the one before
+// only by chance, or as far apart as the two were written when both are as
+// slow (side by side: a slow spell, which this does not count). Answers that
+// come together (sooner than minServiceGap, or a quarter of the usual time,
+// apart) show no service time of their own: the server, or this process,
+// paused, and every query waited alike, on every connection. So queries
+// that wait behind slow ones show in order even while the queue is fed as
+// fast as it is served, where the gaps alone (busySlow) show nothing: they
+// are then as long as the send gaps.
+func (l *answerLog) waitedBehind(gap, sendGap, wait int64) bool {
+	u := l.usual
+	if u == 0 || wait < waitedFactor*u || wait < int64(serialGap) || gap > 2*u || gap < max(u/4, int64(minServiceGap)) {
+		return false
+	}
+	return l.lastSent != 0 && sendGap > 0 && abs(gap-sendGap) > u/8
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// minServiceGap: a busy answer that came sooner than this after the
+// previous one came with it (the server wrote both at once, after a pause of
+// its own or of this process): no service time of its own shows between
+// them, so it shows nothing of waiting behind it (see waitedBehind).
+const minServiceGap = 50 * time.Microsecond
+
+// waitedFactor: a busy answer that waited this many usual answer times for
+// the previous one, and came like an answer of its own after it, waited
+// behind it (see waitedBehind).
+const waitedFactor = 2
+
+// slowWeight is what a slow gap of excess (the gap beyond the send gap)
+// weighs as evidence of in order: one per slowWeightUnit, one at least and
+// minSlowEvidence at most (so that one gap suffices only when it is
+// minSlowEvidence units long).
+func slowWeight(excess int64) float64 {
+	return min(max(float64(excess)/float64(slowWeightUnit), 1), minSlowEvidence)
+}
+
+// slowWeightUnit: a slow gap weighs one per this much of it (see slowWeight).
+const slowWeightUnit = 8 * time.Millisecond
+
+// collect returns and clears what was noted since the last collect.
+func (l *answerLog) collect() answerStats {
+	st := l.answerStats
+	l.answerStats = answerStats{}
+	return st
+}
+
+// add adds o's counts to st's.
+func (st *answerStats) add(o answerStats) {
+	st.inversions += o.inversions
+	st.busy += o.busy
+	st.busySlow += o.busySlow
+	st.queued += o.queued
+	st.side += o.side
+	st.waited += o.waited
+	st.aloneSum += o.aloneSum
+	st.aloneN += o.aloneN
+	st.sum += o.sum
+	st.n += o.n
+}
