@@ -102,49 +102,59 @@ func TestAnswerLog(t *testing.T) {
 // unknown again learnedTTL after the last evidence.
 func TestServeModeUpdate(t *testing.T) {
 	var m serveMode
-	now := int64(time.Hour)
-	step := func(e evidence, want Mode) {
-		t.Helper()
-		now += int64(100 * time.Millisecond)
-		if got, _ := m.update(e, 0, now); got != want {
-			t.Fatalf("Mode after %+v = %v, want %v", e, got, want)
-		}
-	}
-	step(evidence{}, ModeUnknown)
+	ms := &modeSteps{t: t, m: &m, now: int64(time.Hour)}
+	ms.step(evidence{}, ModeUnknown)
 	// In order before any query was answered alone: the usual time learnt
 	// later is the one to compare with.
-	step(evidence{rescued: 2}, ModeInOrder)
+	ms.step(evidence{rescued: 2}, ModeInOrder)
 	m.usual.Store(int64(6 * time.Millisecond))
-	step(evidence{rescued: 1}, ModeInOrder)
-	step(evidence{}, ModeInOrder)
-	step(evidence{inversions: 1}, ModeOutOfOrder)
-	step(evidence{rescued: 2}, ModeOutOfOrder) // too soon after the answer out of order
+	ms.step(evidence{rescued: 1}, ModeInOrder)
+	ms.step(evidence{}, ModeInOrder)
+	ms.step(evidence{inversions: 1}, ModeOutOfOrder)
+	ms.step(evidence{rescued: 2}, ModeOutOfOrder) // too soon after the answer out of order
 	for range 9 {
-		step(evidence{}, ModeOutOfOrder)
+		ms.step(evidence{}, ModeOutOfOrder)
 	}
-	step(evidence{rescued: 2}, ModeInOrder)
-	step(evidence{busy: 10, busySlow: 10}, ModeInOrder)
-	step(evidence{inversions: 1}, ModeOutOfOrder)
-	now += int64(learnedTTL)
-	step(evidence{}, ModeUnknown)
+	ms.step(evidence{rescued: 2}, ModeInOrder)
+	ms.step(evidence{busy: 10, busySlow: 10}, ModeInOrder)
+	ms.step(evidence{inversions: 1}, ModeOutOfOrder)
+	ms.now += int64(learnedTTL)
+	ms.step(evidence{}, ModeUnknown)
 	// Answers a full serialGap apart, most of those that waited, are in order too.
-	now += int64(outOfOrderQuiet)
+	ms.now += int64(outOfOrderQuiet)
 	m.usual.Store(int64(time.Millisecond))
 	m.acc = evidence{}
-	step(evidence{busy: 10, busySlow: 9}, ModeInOrder)
+	ms.step(evidence{busy: 10, busySlow: 9}, ModeInOrder)
 	// Unknown, answers served side by side (order checks of a uniformly
 	// slow upstream): minSideEvidence of them, outnumbering slow gaps
 	// sideShare times, make it out of order; fewer, or with slow gaps
 	// among them, do not.
-	now += int64(learnedTTL)
-	step(evidence{}, ModeUnknown)
-	now += int64(outOfOrderQuiet)
+	ms.now += int64(learnedTTL)
+	ms.step(evidence{}, ModeUnknown)
+	ms.now += int64(outOfOrderQuiet)
 	m.acc = evidence{}
-	step(evidence{busy: 2, side: 2}, ModeUnknown)     // side 2
-	step(evidence{busy: 2, busySlow: 2}, ModeUnknown) // side 1.75, slow 2
-	step(evidence{busy: 1, side: 1}, ModeUnknown)     // side 2.53, slow 1.75
-	step(evidence{busy: 1, side: 1}, ModeUnknown)     // side 3.21, slow 1.53: not three times
-	step(evidence{busy: 3, side: 3}, ModeOutOfOrder)  // side 5.81, slow 1.34
+	ms.step(evidence{busy: 2, side: 2}, ModeUnknown)     // side 2
+	ms.step(evidence{busy: 2, busySlow: 2}, ModeUnknown) // side 1.75, slow 2
+	ms.step(evidence{busy: 1, side: 1}, ModeUnknown)     // side 2.53, slow 1.75
+	ms.step(evidence{busy: 1, side: 1}, ModeUnknown)     // side 3.21, slow 1.53: not three times
+	ms.step(evidence{busy: 3, side: 3}, ModeOutOfOrder)  // side 5.81, slow 1.34
+}
+
+// modeSteps feeds a serveMode one sweep's evidence at a time, 100 ms apart
+// (now may be moved on between steps), and fails unless each step leaves it
+// in the mode wanted.
+type modeSteps struct {
+	t   *testing.T
+	m   *serveMode
+	now int64
+}
+
+func (s *modeSteps) step(e evidence, want Mode) {
+	s.t.Helper()
+	s.now += int64(100 * time.Millisecond)
+	if got, _ := s.m.update(e, 0, s.now); got != want {
+		s.t.Fatalf("Mode after %+v (decayed: %+v) = %v, want %v", e, s.m.acc, got, want)
+	}
 }
 
 // In order, queries alone on their connection answered four times as slowly

@@ -53,19 +53,12 @@ func TestAnswerLogWaited(t *testing.T) {
 // smaller share, leave it unknown.
 func TestServeModeWaited(t *testing.T) {
 	var m serveMode
-	now := int64(time.Hour)
-	step := func(e evidence, want Mode) {
-		t.Helper()
-		now += int64(100 * time.Millisecond)
-		if got, _ := m.update(e, 0, now); got != want {
-			t.Fatalf("Mode after %+v (decayed: %+v) = %v, want %v", e, m.acc, got, want)
-		}
-	}
+	ms := &modeSteps{t: t, m: &m, now: int64(time.Hour)}
 	m.usual.Store(int64(300 * time.Microsecond))
-	step(evidence{busy: 50, waited: 7}, ModeUnknown)  // 7: too few
-	step(evidence{busy: 100, waited: 8}, ModeUnknown) // 14.1 of 143.8: under a quarter
+	ms.step(evidence{busy: 50, waited: 7}, ModeUnknown)  // 7: too few
+	ms.step(evidence{busy: 100, waited: 8}, ModeUnknown) // 14.1 of 143.8: under a quarter
 	m.acc = evidence{}
-	step(evidence{busy: 30, waited: 8}, ModeInOrder)
+	ms.step(evidence{busy: 30, waited: 8}, ModeInOrder)
 }
 
 // A fast upstream that answers a connection's queries one at a time, 200 µs
