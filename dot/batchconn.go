@@ -33,6 +33,8 @@ type batchConn struct {
 	// for unread (written by the reader, read by the sweeper).
 	ahead  *bufio.Reader
 	aheadN atomic.Int32
+
+	asked atomic.Uint64 // times unread was asked: the sweeper asks only of a connection that looks stuck
 }
 
 // Write is how crypto/tls writes: into the open batch, else (the handshake,
@@ -147,6 +149,7 @@ func (b *batchConn) kill() {
 // connection that read nothing for a while is not waiting for its server, its
 // reader is behind (this process is short of CPU).
 func (b *batchConn) unread() bool {
+	b.asked.Add(1)
 	if b.aheadN.Load() > 0 {
 		return true // read from the socket, not yet by TLS
 	}

@@ -143,23 +143,25 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		w.after = math.MaxInt64 // every query waits behind those before it
 	}
 	for _, c := range conns {
+		// In order, a query behind others waits for all of them however
+		// briskly they are answered: a queue that formed before the mode
+		// was learned is rescued whether or not its connection reads (not
+		// an order check, two deep: it waits one answer at most).
+		quiet := now - c.watch.since
+		if !(c.load.Load() >= 2 && quiet >= w.delay || mode == ModeInOrder && c.load.Load() >= 3) {
+			continue
+		}
 		// A connection whose answers wait unread in its socket is not stuck
 		// behind a slow one: its reader is behind, and rescues would only
-		// make this process busier.
-		quiet := now - c.watch.since
-		switch {
-		case c.bc.unread():
-		case c.load.Load() >= 2 && quiet >= w.delay || mode == ModeInOrder && c.load.Load() >= 3:
-			// In order, a query behind others waits for all of them
-			// however briskly they are answered: a queue that formed
-			// before the mode was learned is rescued whether or not
-			// its connection reads (not an order check, two deep: it
-			// waits one answer at most).
-			if quiet >= w.delay {
-				c.quietAt.Store(c.watch.reads + 1)
-			}
-			c.rescueStuck(&w)
+		// make this process busier. Asked last: it costs a syscall (ioctl),
+		// on every tick for every connection if asked first.
+		if c.bc.unread() {
+			continue
 		}
+		if quiet >= w.delay {
+			c.quietAt.Store(c.watch.reads + 1)
+		}
+		c.rescueStuck(&w)
 	}
 	return busy, total
 }
