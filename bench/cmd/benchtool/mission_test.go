@@ -129,3 +129,29 @@ func TestLatencyFloorColumn(t *testing.T) {
 		t.Errorf("latency table lacks the × whoami column (%q):\n%s", want, b.String())
 	}
 }
+
+// whoami offered dotforward's own QPS in each round (whoami-paced) is the floor
+// at dotforward's rate: the ratio pairs the runs of each round, and is left out
+// of a run without it.
+func TestPacedFloorRatio(t *testing.T) {
+	runs := append(floorRuns(),
+		Run{Kind: "throughput", Mode: "whoami-paced", Round: 1, QPS: 1200, CPUusPerQuery: 25 / 1.1, OfferedQPS: 1200},
+		Run{Kind: "throughput", Mode: "dotforward", Round: 2, QPS: 1300, CPUusPerQuery: 26},
+		Run{Kind: "throughput", Mode: "whoami-paced", Round: 2, QPS: 1300, CPUusPerQuery: 20, OfferedQPS: 1300})
+	const name = "CPU per query dotforward / whoami at dotforward's QPS"
+	var got *Ratio
+	rs := throughputRatios(summarize(runs), runs)
+	for i := range rs {
+		if rs[i].Name == name {
+			got = &rs[i]
+		}
+	}
+	if got == nil || !near(got.RoundMin, 1.1) || !near(got.RoundMax, 1.3) {
+		t.Fatalf("%s = %+v, want rounds 1.1 and 1.3", name, got)
+	}
+	for _, r := range throughputRatios(summarize(floorRuns()), floorRuns()) {
+		if r.Name == name {
+			t.Errorf("%s without whoami-paced runs: %+v, want it left out", name, r)
+		}
+	}
+}

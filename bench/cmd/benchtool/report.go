@@ -187,7 +187,7 @@ func writeThroughput(w io.Writer, ss []Summary, rs []Ratio) {
 			continue
 		}
 		conns := "–"
-		if s.Mode != "whoami" && s.Mode != "fwd-udp" {
+		if !strings.HasPrefix(s.Mode, "whoami") && s.Mode != "fwd-udp" {
 			conns = fmt.Sprintf("%d (%d)", s.ConnsMid, s.ConnsMax)
 		}
 		fmt.Fprintf(w, "| %s | %s | %s–%s | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",

@@ -6,7 +6,7 @@ import (
 )
 
 // modeOrder is the order of modes in tables and the chart.
-var modeOrder = []string{"whoami", "fwd-udp", "fwd-tls", "dotforward", "dotforward-nocoalesce", "dotforward-base", "unbound",
+var modeOrder = []string{"whoami", "whoami-paced", "fwd-udp", "fwd-tls", "dotforward", "dotforward-nocoalesce", "dotforward-base", "unbound",
 	"mission-whoami", "mission-fwd-udp", "mission-fwd-tls", "mission-dotforward"}
 
 // modeLabel describes each mode for readers of the report.
@@ -20,6 +20,9 @@ var modeLabel = map[string]string{
 	// The same Corefile on another build (BENCH_BASE_COREDNS), named in the report.
 	"dotforward-base": "CoreDNS dotforward, tls://, base build",
 	"unbound":         "Unbound forward-tls-upstream",
+	// whoami offered, with dnsperf -Q, the QPS dotforward answered at full
+	// speed in the same round, right after it: the floor at its rate.
+	"whoami-paced": "CoreDNS whoami at dotforward's QPS",
 	// The mission's Corefile: errors, prometheus, cache 30, then the forwarder.
 	"mission-whoami":     "whoami behind errors, prometheus, cache",
 	"mission-fwd-udp":    "forward UDP behind errors, prometheus, cache",
@@ -193,6 +196,7 @@ func throughputRatios(ss []Summary, runs []Run) []Ratio {
 		{"CPU per query dotforward / forward tls://", "dotforward", "fwd-tls", true, false},
 		{"CPU per query dotforward / whoami", "dotforward", "whoami", true, false},
 		{"CPU per query forward UDP / whoami", "fwd-udp", "whoami", true, false},
+		{"CPU per query dotforward / whoami at dotforward's QPS", "dotforward", "whoami-paced", true, true},
 		{"QPS dotforward / dotforward no_coalesce", "dotforward", "dotforward-nocoalesce", false, true},
 		{"CPU per query dotforward / dotforward no_coalesce", "dotforward", "dotforward-nocoalesce", true, true},
 		{"QPS dotforward / dotforward base build", "dotforward", "dotforward-base", false, true},
