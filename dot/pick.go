@@ -87,14 +87,17 @@ func (p *Pool) slowUnknown() bool {
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
-		var best, quiet *conn
-		var load, quietLoad int32
+		var best, quiet, paused *conn
+		var load, quietLoad, pausedLoad int32
 		near, more := false, false // best is near its end; every connection with room is quiet
 		counted := 0               // connections that count toward the cap
 		for _, c := range *p.conns.Load() {
 			a := c.avail()
 			if p.countsTowardCap(a) {
 				counted++
+			}
+			if a == availBlocked && c.load.Load() < slots && (paused == nil || c.load.Load() < pausedLoad) {
+				paused, pausedLoad = c, c.load.Load()
 			}
 			if !c.accepts(a, cl) {
 				continue
@@ -113,6 +116,16 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			// behind a slow one, so the next connection is dialled now,
 			// and the query goes to the least loaded quiet one.
 			best, load, more = quiet, quietLoad, true
+		}
+		if best == nil && cl.avoid == nil && paused != nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
+			// Every connection is blocked, the pool takes that for the
+			// upstream pausing (see countsTowardCap), and they are as
+			// many as it opens: it dials no more. The query goes out on
+			// the least loaded one rather than wait unwritten for the
+			// pause to end: then it is answered as soon as the upstream
+			// resumes, as forward's would be, not an answer time or a
+			// move later (issue 21, seed 97).
+			best, load = paused, pausedLoad
 		}
 		if best == nil {
 			return nil
