@@ -28,28 +28,3 @@ func TestColdStartInOrderQueueLeaves(t *testing.T) {
 		t.Logf("Mode %v, %d handshakes, %d rescues", p.Stats().Mode, s.Handshakes(), rec.get(func(r *recorder) int { return r.rescues }))
 	})
 }
-
-// Queries that come one by one while the pool's first dial is under way,
-// firstDialShare or more after it started (not a burst), each dial a
-// connection of their own, as forward does, rather than all wait for the
-// first: an in-order upstream would serve a slow handshake's worth of
-// queries gathered on it one after the other (issue 21, seeds 79, 149).
-// Until the first answer, one that loses the connection it dialled to
-// another (the first to wake takes a new connection) goes on the least
-// loaded one rather than wait for the dials of those that came after it
-// (seeds 74, 107). Here, out of order: a handshake takes 80 ms, an answer
-// 25 ms, and five queries come 15 ms apart: five handshakes, and every
-// query answered within a handshake and an answer.
-func TestFirstDialSharedByBurstOnly(t *testing.T) {
-	const service, handshake, gap = 25 * time.Millisecond, 80 * time.Millisecond, 15 * time.Millisecond
-	opts := dottest.Options{Delay: func(dns.Question) time.Duration { return service }}
-	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		p.noOrderChecks.Store(true)
-		out := offer(p, 5, gap, names("q"))
-		checkOutcomes(t, out, func(string) time.Duration { return handshake + service })
-		waitFor(t, "no dial under way", func() bool { return p.dialing.Load() == 0 })
-		if h := s.Handshakes(); h != 5 {
-			t.Errorf("%d handshakes for five queries that came during the first, want 5", h)
-		}
-	})
-}

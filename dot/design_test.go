@@ -28,7 +28,6 @@ func TestDesignNumbers(t *testing.T) {
 		"waitedShare":              waitedShare,
 		"untimedMaxConns":          untimedMaxConns,
 		"shareWindow":              shareWindow,
-		"firstDialShare":           firstDialShare,
 		"slowWeightUnit":           slowWeightUnit,
 		"minCrowdedEvidence":       minCrowdedEvidence,
 		"crowdedFactor":            crowdedFactor,

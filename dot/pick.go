@@ -24,11 +24,6 @@ const (
 	// untimedMaxConns: before the first answer, the most connections a
 	// query each (see slowUnknown).
 	untimedMaxConns = 256
-	// firstDialShare: the queries that come within this of the start of the
-	// pool's first dial share it, as a burst does (see firstDialBurst): a
-	// nearby upstream's handshake takes less, and a cold start opens one
-	// connection, not one per query of its handshake's time.
-	firstDialShare = 10 * time.Millisecond
 )
 
 // accepts reports whether c, in state a (c.avail), may take cl: it takes
@@ -69,18 +64,15 @@ func (p *Pool) slowUnknown() bool {
 	}
 	switch u := p.learned.mode.usual.Load(); {
 	case u == 0:
-		// Before the first connection too: a query that comes while its
-		// dial is under way dials one of its own, unless it is of the
-		// burst that started it, or within firstDialShare of its start
-		// (see firstDialBurst). Shared, the dial of an upstream that
-		// shakes hands slowly gathered every query of the handshake's time
-		// on one connection, and an in-order upstream served them one
-		// after the other (issue 21, seeds 79, 149). A pool that has
-		// opened untimedMaxConns without an answer is likelier in front of
-		// a black hole than a slow upstream: it dials no more for it (its
-		// connections and waiting room stay bounded, as the out-of-order
-		// cap keeps them).
-		return len(*p.conns.Load()) < untimedMaxConns
+		// The first connection's dial is shared by the queries that come
+		// while it is under way, as before any answer nothing tells a
+		// slow upstream from a fast one that shakes hands slowly. And a
+		// pool that has opened untimedMaxConns without an answer is
+		// likelier in front of a black hole than a slow upstream: it
+		// dials no more for it (its connections and waiting room stay
+		// bounded, as the out-of-order cap keeps them).
+		n := len(*p.conns.Load())
+		return n > 0 && n < untimedMaxConns
 	default:
 		return u >= int64(unknownSlow)
 	}
@@ -168,9 +160,6 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	}
 	var burst *conn
 	burstSince := p.burstSince(cl)
-	if burstSince != math.MaxInt64 && !cl.burstStart && p.firstDialBurst(cl, burstSince) {
-		return nil // it waits for the pool's first connection
-	}
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
@@ -199,9 +188,9 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
-		if idle == 0 && cl.avoid == nil && (burst != nil || p.joinsFirst(cl) && load < int32(p.cfg.MaxInflight)) {
+		if idle == 0 && cl.avoid == nil && (burst != nil || cl.firstDial && load < int32(p.cfg.MaxInflight)) {
 			// A burst before the first answer, or a query that waited
-			// for the pool's first connection: see firstDialBurst.
+			// for the pool's first connection: see slowUnknown.
 			best = cmp.Or(burst, best)
 		} else if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter(cl) {
 			// No connection is idle (one near its end, idle, is taken:
@@ -239,43 +228,6 @@ func (p *Pool) burstSince(cl *call) int64 {
 		return math.MaxInt64
 	}
 	return nanotime() - int64(shareWindow)
-}
-
-// firstDialBurst reports, for a query that arrives before the pool has a
-// connection, whether it shares the dial under way: it comes within
-// shareWindow of the last query that did (after since), a burst, or within
-// firstDialShare of the dial's start, or it is one that already does
-// (cl.firstDial). Any other starts a burst: it dials (dialForWaiter, as any
-// query that finds no idle connection does). Those sharing go on the first
-// connection together, and their answers tell how the upstream serves; a
-// query that came later, while a slow handshake was under way, does not.
-func (p *Pool) firstDialBurst(cl *call, since int64) bool {
-	if len(*p.conns.Load()) > 0 {
-		return false
-	}
-	now := nanotime()
-	if cl.firstDial || p.dialing.Load() > 0 && (p.firstDialAt.Load() > since || now-p.firstDialFrom.Load() < int64(firstDialShare)) {
-		p.firstDialAt.Store(now)
-		cl.firstDial = true
-		return true
-	}
-	if p.dialing.Load() == 0 {
-		p.firstDialFrom.Store(now)
-	}
-	p.firstDialAt.Store(now)
-	cl.burstStart = true
-	return false
-}
-
-// joinsFirst reports whether cl, finding no connection idle, goes on the
-// least loaded one rather than wait for a dial: it is of a burst that shared
-// the pool's first dial, or, before the first answer, it dialled for itself
-// before the pool had a connection and another query took that one (the
-// first to wake takes a new connection). Waiting for yet another dial, one
-// per query that came later, it could wait a handshake or more for each
-// (issue 21, seeds 74 and 107: 119 ms against forward's 83, 32 against 20).
-func (p *Pool) joinsFirst(cl *call) bool {
-	return cl.firstDial || cl.burstStart && p.learned.mode.usual.Load() == 0
 }
 
 // dialForWaiter is for a query that found no connection it should go on

@@ -33,8 +33,6 @@ type Pool struct {
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
-	firstDialAt   atomic.Int64            // unix ns: the last query that came before the pool had a connection (see firstDialBurst)
-	firstDialFrom atomic.Int64            // unix ns: when the pool's first dial (a dial with none under way and no connection) started
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
 	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
 	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
@@ -154,10 +152,7 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 			p.dialForRescue(cl.avoid) // a rescue waits for a connection with nothing outstanding
 		}
 		cl.waited = true
-		if len(*p.conns.Load()) == 0 && p.learned.mode.usual.Load() != 0 {
-			// Every connection was lost: the waiters share the next one.
-			// Before the first answer, only a burst shares the first one
-			// (see firstDialBurst).
+		if len(*p.conns.Load()) == 0 {
 			cl.firstDial = true
 		}
 		if err := w.wait(wake, p.recheckAfter()); err != nil {
