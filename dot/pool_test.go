@@ -343,48 +343,52 @@ func TestBackPressureIsBoundedByContext(t *testing.T) {
 }
 
 // A dial is shared by all waiters and not cancelled when one of them gives up.
+// In a bubble, so that the queries come together however slow the machine,
+// and a dial that is never released cannot hang the pool's Close (the test
+// held its dials on a channel until it ended, and a failed wait never
+// released them).
 func TestDialIsSharedAndSurvivesCallerCancel(t *testing.T) {
-	s := dottest.Start(t, dottest.Options{})
-	hold := make(chan struct{})
 	var dials atomic.Int64
-	p, _ := newTestPool(t, s, func(c *Config) {
+	count := func(c *Config) {
+		dial := c.Dial
 		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			dials.Add(1)
-			<-hold
-			return newGate().Dial(ctx, network, addr)
+			return dial(ctx, network, addr)
+		}
+	}
+	bubble(t, dottest.Options{}, 50*time.Millisecond, count, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		ctx, cancel := context.WithCancel(context.Background())
+		first := make(chan error, 1)
+		go func() {
+			_, err := p.Exchange(ctx, newQuery("first.example.", dns.TypeA))
+			first <- err
+		}()
+		var wg sync.WaitGroup
+		errs := make(chan error, 5)
+		for i := range 5 {
+			wg.Go(func() {
+				if _, err := exchange(p, fmt.Sprintf("w%d.example.", i)); err != nil {
+					errs <- err
+				}
+			})
+		}
+		synctest.Wait() // every query waits for the dial under way
+		if d := dials.Load(); d != 1 {
+			t.Fatalf("Dials under way = %d, want 1 shared dial", d)
+		}
+		cancel()
+		if err := <-first; !errors.Is(err, context.Canceled) {
+			t.Errorf("Cancelled caller error = %v, want context.Canceled", err)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("Waiter failed: %v", err)
+		}
+		if d := dials.Load(); d != 1 {
+			t.Errorf("Dials = %d, want 1 shared dial", d)
 		}
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	first := make(chan error, 1)
-	go func() {
-		_, err := p.Exchange(ctx, newQuery("first.example.", dns.TypeA))
-		first <- err
-	}()
-	var wg sync.WaitGroup
-	errs := make(chan error, 5)
-	for i := range 5 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := exchange(p, fmt.Sprintf("w%d.example.", i)); err != nil {
-				errs <- err
-			}
-		}()
-	}
-	waitFor(t, "the dial to start", func() bool { return dials.Load() == 1 })
-	cancel()
-	if err := <-first; !errors.Is(err, context.Canceled) {
-		t.Errorf("Cancelled caller error = %v, want context.Canceled", err)
-	}
-	close(hold)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Errorf("Waiter failed: %v", err)
-	}
-	if d := dials.Load(); d != 1 {
-		t.Errorf("Dials = %d, want 1 shared dial", d)
-	}
 }
 
 func TestCloseFailsWaitersAndLeavesNoGoroutines(t *testing.T) {
