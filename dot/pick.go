@@ -87,17 +87,14 @@ func (p *Pool) slowUnknown() bool {
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
-		var best, quiet, paused *conn
-		var load, quietLoad, pausedLoad int32
+		var best, quiet *conn
+		var load, quietLoad int32
 		near, more := false, false // best is near its end; every connection with room is quiet
 		counted := 0               // connections that count toward the cap
 		for _, c := range *p.conns.Load() {
 			a := c.avail()
 			if p.countsTowardCap(a) {
 				counted++
-			}
-			if a == availBlocked && c.load.Load() < slots && (paused == nil || c.load.Load() < pausedLoad) {
-				paused, pausedLoad = c, c.load.Load()
 			}
 			if !c.accepts(a, cl) {
 				continue
@@ -117,7 +114,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			// and the query goes to the least loaded quiet one.
 			best, load, more = quiet, quietLoad, true
 		}
-		if best == nil && cl.avoid == nil && paused != nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
+		if best == nil && cl.avoid == nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
 			// Every connection is blocked, the pool takes that for the
 			// upstream pausing (see countsTowardCap), and they are as
 			// many as it opens: it dials no more. The query goes out on
@@ -125,7 +122,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			// pause to end: then it is answered as soon as the upstream
 			// resumes, as forward's would be, not an answer time or a
 			// move later (issue 21, seed 97).
-			best, load = paused, pausedLoad
+			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 		}
 		if best == nil {
 			return nil
@@ -138,6 +135,19 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		}
 	}
 	return nil
+}
+
+// leastLoadedBlocked returns the least loaded blocked connection of conns
+// with room, and its load: pickInTurn's last resort, off its common path.
+func leastLoadedBlocked(conns []*conn, slots int32) (*conn, int32) {
+	var best *conn
+	load := slots
+	for _, c := range conns {
+		if l := c.load.Load(); c.avail() == availBlocked && l < load {
+			best, load = c, l
+		}
+	}
+	return best, load
 }
 
 // pickIdle, when queries go one to a connection (oneEach), registers cl on the
