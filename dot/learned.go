@@ -130,11 +130,16 @@ type serveMode struct {
 
 // Thresholds of the mode decision (see serveMode.update).
 const (
-	minRescueEvidence = 2    // rescues won (decayed count) that make an upstream in-order
-	minSlowEvidence   = 8    // busy answers at least serialGap apart (decayed count)...
-	minSideEvidence   = 3    // busy answers served side by side (decayed count)...
-	sideShare         = 3    // ...that outnumber the slow gaps this many times
-	slowShare         = 0.75 // ...that are this share of the busy answers
+	minRescueEvidence = 2 // rescues won (decayed count) that make an upstream in-order
+	minSlowEvidence   = 8 // busy answers at least serialGap apart (decayed count)...
+	minSideEvidence   = 3 // busy answers served side by side (decayed count)...
+	// sideShare: ...this share of the slow gaps or more: queries written
+	// together are served together often enough that more connections
+	// would not spare them a wait. In order took slow gaps three times the
+	// rest (slowShare); side-by-side answers half as many as the slow gaps
+	// leave it.
+	sideShare = 0.5
+	slowShare = 0.75 // ...that are this share of the busy answers
 	// minWaitedEvidence: busy answers that waited behind the previous one
 	// (decayed count, see waitedBehind), waitedShare of the busy answers
 	// or more, make an upstream in-order.
@@ -229,15 +234,21 @@ func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
 	case e.inversions > 0:
 		m.until, m.gainless = now+int64(learnedTTL), 0
 		return ModeOutOfOrder
+	case old != ModeOutOfOrder && a.side >= minSideEvidence && a.side >= sideShare*a.busySlow:
+		// Order checks answered side by side with the query before them
+		// (a slow upstream answering the queries of a connection each in
+		// the same time: none waited for the one before), which an
+		// upstream serving a connection's queries one at a time never
+		// does. Slow gaps among them are waits for its turn among the
+		// connections (unbound's one thread serving hundreds in turn),
+		// which more connections lengthen: few, full ones serve it
+		// better, and in order comes back only where the mean answer time
+		// is gainFactor times what it was a query a connection (gainless).
+		m.until, m.gainless = now+int64(learnedTTL), m.mean.Load()
+		return ModeOutOfOrder
 	case old == ModeInOrder && m.crowdedBy(alone) >= minCrowdedEvidence:
 		m.gainless = m.mean.Load()
 		return ModeUnknown
-	case old == ModeUnknown && a.side >= minSideEvidence && a.side >= sideShare*a.busySlow:
-		// A slow upstream answering the queries of one connection side
-		// by side, each in the same time: no answer overtakes another,
-		// yet none waited for the one before.
-		m.until = now + int64(learnedTTL)
-		return ModeOutOfOrder
 	case now-m.inverted < int64(outOfOrderQuiet):
 	case a.rescued >= minRescueEvidence || (slowGaps || waited) && gain:
 		if e.rescued > 0 || e.busySlow > 0 || e.waited > 0 || old != ModeInOrder {

@@ -54,6 +54,10 @@ type Options struct {
 	// maxInFlight). When a record arrives, the queries held from earlier ones are
 	// served first.
 	LazyRecords bool
+	// Turns, if set, serves every connection on one thread, in turn (see
+	// Turns); Delay then holds that thread, as a server busy with one query
+	// answers no other.
+	Turns *Turns
 	// OnQuery observes every query as received (without the length prefix).
 	OnQuery func(wire []byte)
 	// Cert is the server's certificate. Default: NewCert() for 127.0.0.1 and ServerName.
@@ -84,6 +88,7 @@ type Server struct {
 	queries, answers, handshakes, resumed, conns, maxOutstanding, records atomic.Int64
 
 	inOrder atomic.Bool // Options.InOrder, changed by SetInOrder
+	turns   *turnQueue  // Options.Turns: the one thread's queue
 
 	mu             sync.Mutex
 	open           map[net.Conn]struct{} // guarded by mu
@@ -129,6 +134,9 @@ func New(opts Options) (*Server, error) {
 		opts: opts, tls: cfg, open: map[net.Conn]struct{}{},
 	}
 	s.inOrder.Store(opts.InOrder)
+	if opts.Turns != nil {
+		s.startTurns()
+	}
 	if opts.Pipe {
 		return s, nil
 	}
@@ -241,6 +249,9 @@ func (s *Server) Close() {
 		c.Close()
 	}
 	s.mu.Unlock()
+	if s.turns != nil {
+		s.turns.close()
+	}
 	if s.ln != nil {
 		s.ln.Close()
 	}
@@ -337,6 +348,15 @@ func (sc *serverConn) readLoop() {
 			held = append([][]byte(nil), queries[take:]...)
 			queries = queries[:take]
 		}
+		if sc.s.turns != nil {
+			qs := make([]turnQuery, len(queries))
+			for i, wire := range queries {
+				received++
+				qs[i] = turnQuery{wire, received}
+			}
+			sc.s.turns.queue(sc, qs)
+			continue
+		}
 		for _, wire := range queries {
 			received++
 			sc.query(wire, received)
@@ -368,7 +388,7 @@ func (sc *serverConn) query(wire []byte, received int) {
 	if received == sc.s.opts.SlowNth {
 		slow = sc.s.opts.Slow
 	}
-	if sc.s.inOrder.Load() {
+	if sc.s.inOrder.Load() || sc.s.turns != nil {
 		time.Sleep(slow) // scripted slowness, as in answer
 		sc.answer(q)
 		return
@@ -396,7 +416,7 @@ func (s *Server) onWire() bool {
 // answer does.
 func (sc *serverConn) answerFrame(frame []byte) {
 	sc.noteOutstanding(1)
-	if sc.s.inOrder.Load() {
+	if sc.s.inOrder.Load() || sc.s.turns != nil {
 		sc.noteOutstanding(-1)
 		sc.write(frame)
 		return
