@@ -32,9 +32,14 @@ type call struct {
 	rescuable      bool  // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
 	avoid          *conn // a rescue's blocked connection, which pick skips; immutable
 	// waited: it waited for a connection (acquireSlow), so that its pick is
-	// no arrival, which a burst is made of; firstDial: it waited for the
-	// pool's first connection, which it shares (see slowUnknown). The caller's only.
-	waited, firstDial bool
+	// no arrival, which a burst is made of; firstDial: it is of a burst that
+	// shares the pool's first dial, waits for that connection and counts in
+	// Pool.sharers meanwhile; burstStart: it came before the pool had a
+	// connection and dialled, so that its next pick is no member of its burst
+	// (see firstDialBurst, joinsFirst); sharesNext: it waited while every
+	// connection was lost, after an answer, and shares the next one. The
+	// caller's only.
+	waited, firstDial, burstStart, sharesNext bool
 
 	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send
 	// the query again elsewhere; lost, when the caller gave it up because the

@@ -2,7 +2,9 @@ package dot
 
 import (
 	"fmt"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -26,5 +28,62 @@ func TestColdStartInOrderQueueLeaves(t *testing.T) {
 		out := offer(p, 1000, 500*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		checkOutcomes(t, out, func(string) time.Duration { return 150 * time.Millisecond })
 		t.Logf("Mode %v, %d handshakes, %d rescues", p.Stats().Mode, s.Handshakes(), rec.get(func(r *recorder) int { return r.rescues }))
+	})
+}
+
+// Queries that come one by one while the pool's first dial is under way,
+// firstDialShare or more after it started (not a burst), each dial a
+// connection of their own, as forward does, rather than all wait for the
+// first: an in-order upstream would serve a slow handshake's worth of
+// queries gathered on it one after the other (issue 21, seeds 79, 149).
+// Until the first answer, one that loses the connection it dialled to
+// another (the first to wake takes a new connection) goes on the least
+// loaded one rather than wait for the dials of those that came after it
+// (seeds 74, 107). Here, out of order: a handshake takes 80 ms, an answer
+// 25 ms, and five queries come 15 ms apart: five handshakes, and every
+// query answered within a handshake and an answer.
+func TestFirstDialSharedByBurstOnly(t *testing.T) {
+	const service, handshake, gap = 25 * time.Millisecond, 80 * time.Millisecond, 15 * time.Millisecond
+	opts := dottest.Options{Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		out := offer(p, 5, gap, names("q"))
+		checkOutcomes(t, out, func(string) time.Duration { return handshake + service })
+		waitFor(t, "no dial under way", func() bool { return p.dialing.Load() == 0 })
+		if h := s.Handshakes(); h != 5 {
+			t.Errorf("%d handshakes for five queries that came during the first, want 5", h)
+		}
+	})
+}
+
+// Queries that share the pool's first dial are owed no dial of their own,
+// however often they look again while it is under way: woken then (here by
+// hand, as a slot freed or a dial ended would), each found no connection and
+// counted every waiting query as one owed a dial, and the burst that shared
+// one dial opened one each.
+func TestFirstDialSharersOweNoDial(t *testing.T) {
+	bubble(t, dottest.Options{}, 50*time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		var wg sync.WaitGroup
+		for i := range 6 {
+			wg.Go(func() {
+				if _, err := exchange(p, fmt.Sprintf("q%d.example.", i)); err != nil {
+					t.Errorf("Query %d: %v", i, err)
+				}
+			})
+		}
+		synctest.Wait() // every query waits for the first dial
+		for range 3 {
+			p.mu.Lock()
+			p.wakeLocked()
+			p.mu.Unlock()
+			synctest.Wait()
+			if d := p.dialing.Load(); d != 1 {
+				t.Fatalf("%d dials under way after a wake, want the one shared", d)
+			}
+		}
+		wg.Wait()
+		if h := s.Handshakes(); h != 1 {
+			t.Errorf("%d handshakes for six queries that came together, want 1", h)
+		}
 	})
 }

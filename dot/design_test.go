@@ -28,6 +28,7 @@ func TestDesignNumbers(t *testing.T) {
 		"waitedShare":              waitedShare,
 		"untimedMaxConns":          untimedMaxConns,
 		"shareWindow":              shareWindow,
+		"firstDialShare":           firstDialShare,
 		"slowWeightUnit":           slowWeightUnit,
 		"minCrowdedEvidence":       minCrowdedEvidence,
 		"crowdedFactor":            crowdedFactor,

@@ -102,6 +102,7 @@ func TestInOrderRescueDelay(t *testing.T) {
 func TestInOrderConnectionWithOnlyRescuedQueriesCloses(t *testing.T) {
 	c := newBareConn(t, 8)
 	p := c.pool
+	p.learned.mode.usual.Store(int64(time.Millisecond)) // timed fast: not slowUnknown, whose timed-out queries close theirs
 	cl := newTestCall(mustPrepare(t, "a.example."))
 	if !c.register(cl) {
 		t.Fatal("register failed")

@@ -64,15 +64,18 @@ func (p *Pool) slowUnknown() bool {
 	}
 	switch u := p.learned.mode.usual.Load(); {
 	case u == 0:
-		// The first connection's dial is shared by the queries that come
-		// while it is under way, as before any answer nothing tells a
-		// slow upstream from a fast one that shakes hands slowly. And a
-		// pool that has opened untimedMaxConns without an answer is
-		// likelier in front of a black hole than a slow upstream: it
-		// dials no more for it (its connections and waiting room stay
-		// bounded, as the out-of-order cap keeps them).
-		n := len(*p.conns.Load())
-		return n > 0 && n < untimedMaxConns
+		// Before the first connection too: a query that comes while its
+		// dial is under way dials one of its own, unless it is of the
+		// burst that started it, or within firstDialShare of its start
+		// (see firstDialBurst). Shared, the dial of an upstream that
+		// shakes hands slowly gathered every query of the handshake's time
+		// on one connection, and an in-order upstream served them one
+		// after the other (issue 21, seeds 79, 149). A pool that has
+		// opened untimedMaxConns without an answer is likelier in front of
+		// a black hole than a slow upstream: it dials no more for it (its
+		// connections and waiting room stay bounded, as the out-of-order
+		// cap keeps them).
+		return len(*p.conns.Load()) < untimedMaxConns
 	default:
 		return u >= int64(unknownSlow)
 	}
@@ -170,6 +173,9 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	}
 	var burst *conn
 	burstSince := p.burstSince(cl)
+	if burstSince != math.MaxInt64 && !cl.burstStart && p.firstDialBurst(cl, burstSince) {
+		return nil // it waits for the pool's first connection
+	}
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
@@ -198,9 +204,9 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
 		}
-		if idle == 0 && cl.avoid == nil && (burst != nil || cl.firstDial && load < int32(p.cfg.MaxInflight)) {
+		if idle == 0 && cl.avoid == nil && (burst != nil || p.joinsFirst(cl) && load < int32(p.cfg.MaxInflight)) {
 			// A burst before the first answer, or a query that waited
-			// for the pool's first connection: see slowUnknown.
+			// for the pool's first connection: see firstDialBurst.
 			best = cmp.Or(burst, best)
 		} else if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter(cl) {
 			// No connection is idle (one near its end, idle, is taken:
@@ -219,8 +225,13 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			// In order, the next connection is dialled when none is left
 			// idle; not while the mode is unknown: each dial then is for a
 			// query that waits (the property test found these spares to
-			// be connections more than forward opens).
-			if idle <= inOrderSpares && !p.slowUnknown() && p.dialing.Load() < maxParallelDials {
+			// be connections more than forward opens). Asked of the mode,
+			// not as !slowUnknown: the first answer, timing a fast
+			// upstream while this query picked, made that true, and the
+			// pool dialled a spare for a pipelined upstream (under -race,
+			// TestDialIsSharedAndSurvivesCallerCancel saw 2 dials in
+			// about 3 runs of 100, on main too).
+			if idle <= inOrderSpares && p.learned.mode.get() == ModeInOrder && p.dialing.Load() < maxParallelDials {
 				p.dialNow()
 			}
 			return best
@@ -257,7 +268,7 @@ func (p *Pool) dialForWaiter(cl *call) bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dials+soon > 0 && int(p.waiters.Load()-p.rescuers.Load()) <= p.dials+soon {
+	if p.dials+soon > 0 && p.owedDials() <= p.dials+soon {
 		return true
 	}
 	return p.startDialLocked(0, true)

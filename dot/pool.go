@@ -33,6 +33,7 @@ type Pool struct {
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
+	sharers       atomic.Int32            // of the waiters, those that share the pool's first dial: owed no dial of their own (see firstDialBurst)
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
 	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
 	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
@@ -55,6 +56,11 @@ type Pool struct {
 	redial redial        // guarded by mu: the reconnect backoff
 	fds    fdCap         // guarded by mu: the cap after dials failed for lack of file descriptors
 	closed bool          // guarded by mu
+
+	// Guarded by mu, unix ns (see firstDialBurst): the last query that came
+	// before the pool had a connection, and when the first dial (one with
+	// none under way and no connection) started.
+	firstDialAt, firstDialFrom int64
 }
 
 // Stats is a snapshot of a pool's state.
@@ -129,6 +135,9 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 	// slot, a dial, a draining connection's replacement): past that the pool is
 	// overloaded, or a black hole is eating every slot, and waiting would only pile
 	// up goroutines and memory, so the caller fails at once and can go elsewhere.
+	// A query sharing the first dial leaves p.sharers after p.waiters (deferred
+	// first, run last): see endShare.
+	defer p.endShare(cl)
 	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.capConns()*p.cfg.MaxInflight) {
 		p.waiters.Add(-1)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
@@ -152,8 +161,11 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 			p.dialForRescue(cl.avoid) // a rescue waits for a connection with nothing outstanding
 		}
 		cl.waited = true
-		if len(*p.conns.Load()) == 0 {
-			cl.firstDial = true
+		if len(*p.conns.Load()) == 0 && p.learned.mode.usual.Load() != 0 {
+			// Every connection was lost: the waiters share the next one.
+			// Before the first answer, only a burst shares the first one
+			// (see firstDialBurst).
+			cl.sharesNext = true
 		}
 		if err := w.wait(wake, p.recheckAfter()); err != nil {
 			return nil, err
@@ -221,7 +233,7 @@ func (w *slotWait) stop() {
 // at least minWatchInterval, so that a stall with many waiting does not spin
 // them. 0 while every waiting query has a dial under way (its end wakes them).
 func (p *Pool) recheckAfter() time.Duration {
-	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || p.dialing.Load() >= p.waiters.Load()-p.rescuers.Load() {
+	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || int(p.dialing.Load()) >= p.owedDials() {
 		return 0
 	}
 	return max(time.Duration(p.dialTime.Load()), minWatchInterval)
