@@ -55,10 +55,10 @@ func TestServeModeWaited(t *testing.T) {
 	var m serveMode
 	ms := &modeSteps{t: t, m: &m, now: int64(time.Hour)}
 	m.usual.Store(int64(300 * time.Microsecond))
-	ms.step(evidence{busy: 50, waited: 7}, ModeUnknown)  // 7: too few
-	ms.step(evidence{busy: 100, waited: 8}, ModeUnknown) // 14.1 of 143.8: under a quarter
+	ms.step(evidence{busy: 10, waited: 3}, ModeUnknown)  // 3: too few
+	ms.step(evidence{busy: 100, waited: 8}, ModeUnknown) // 10.6 of 108.8: under a quarter
 	m.acc = evidence{}
-	ms.step(evidence{busy: 30, waited: 8}, ModeInOrder)
+	ms.step(evidence{busy: 12, waited: 4}, ModeInOrder)
 }
 
 // A fast upstream that answers a connection's queries one at a time, 200 µs
