@@ -47,8 +47,12 @@ type evidence struct {
 	queued float64
 	// side: of the busy answers, those to a call written within sideSend
 	// of the previous one that came no more than serialGap later than the
-	// send gap: served side by side with it (in order, the gap would be
-	// its own answer time, a quarter of the usual one or more)
+	// send gap, and within sideWait usual times of its write: served side
+	// by side with it (in order, the gap would be its own service time).
+	// One held longer came right after a slow answer it queued behind
+	// (in order, a cached name behind a miss): no sign of side by side.
+	// An in-order upstream whose service is short beside its round trip
+	// answers side by side too, and pipelining then costs it little.
 	side float64
 	// waited: of the busy answers, those that came like an answer of
 	// their own (within twice the usual time of the previous one) after
@@ -60,6 +64,10 @@ type evidence struct {
 // serialGap: a call that waited behind another answer and came this long or
 // more after it was served after that one, not with it.
 const serialGap = time.Millisecond
+
+// sideWait: a busy answer counts as side by side (see evidence.side) only
+// if it came within this many usual answer times of its write.
+const sideWait = 2
 
 // note records the answer to the call written seq-th on the connection, sent at
 // sentAt (0 if unknown), arriving at now; delivered if its caller was still
@@ -132,7 +140,7 @@ func (l *answerLog) noteBusy(gap, sendGap, wait int64) {
 	case gap < int64(serialGap) && sendGap >= int64(minRescueDelay):
 		l.busy++
 		l.queued++
-	case l.sideSend > 0 && sendGap < l.sideSend && excess < int64(serialGap):
+	case l.sideSend > 0 && sendGap < l.sideSend && excess < int64(serialGap) && wait+gap <= sideWait*l.usual:
 		l.busy++
 		l.side++
 	default:

@@ -22,6 +22,7 @@ func TestDesignNumbers(t *testing.T) {
 		"slowShare":                slowShare,
 		"minSideEvidence":          minSideEvidence,
 		"sideShare":                sideShare,
+		"sideWait":                 sideWait,
 		"waitedFactor":             waitedFactor,
 		"minServiceGap":            minServiceGap,
 		"minWaitedEvidence":        minWaitedEvidence,

@@ -28,6 +28,9 @@ const firstDialShare = 10 * time.Millisecond
 // under way and each start one. A query that shares counts in p.sharers
 // until it stops waiting (endShare): it is owed no dial of its own.
 func (p *Pool) firstDialBurst(cl *call, since int64) bool {
+	if len(*p.conns.Load()) > 0 {
+		return false // the common case before the first answer, off the lock
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(*p.conns.Load()) > 0 {

@@ -122,6 +122,12 @@ type serveMode struct {
 	acc          evidence // decayed: each update keeps 7/8 of it (inversions unused)
 	inOrderUsual int64    // ns: the least usual answer time since the mode last became in-order
 	crowded      float64  // decayed: updates in order whose queries alone were answered fourfold slower than inOrderUsual
+	// sideSlow: the slow gaps decayed as acc.side is, with each update that
+	// saw busy answers, not with every one: what side by side is weighed
+	// against (see decide), or a quiet spell in order, fading the slow gaps
+	// and not the side-by-side answers, would tip the balance with no new
+	// evidence
+	sideSlow float64
 	// gainless: ns, the mean answer time in order when it was last left as
 	// crowded: in order again only if the mean answer time on few
 	// connections is gainFactor times that (0: none measured)
@@ -194,8 +200,13 @@ func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
 // connections is gainFactor times that: more connections would then shorten
 // the waits, which is the test of in-order measured anew at every sweep,
 // rather than a bar for a time. One slow reading (a handshake storm on a
-// loaded machine) leaves nothing. A mode holds learnedTTL past its last
-// evidence, then is unknown again.
+// loaded machine) leaves nothing. Order checks answered side by side with the
+// query before them (minSideEvidence, sideShare of the slow gaps) make an
+// upstream taken for in order, or slow and unknown, out of order, keeping the
+// mean answer time as gainless too: a query a connection spares them no wait
+// (unbound's one thread serving its connections in turn). Slow gaps, waited
+// answers or rescues that win make it in order again as above. A mode holds
+// learnedTTL past its last evidence, then is unknown again.
 func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 	m.decay(e)
 	if e.inversions > 0 {
@@ -205,7 +216,7 @@ func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 	next := m.decide(old, e, alone, now)
 	if next != old && next != ModeInOrder {
 		// What was evidence of in-order says nothing of the new upstream.
-		m.acc, m.crowded = evidence{}, 0
+		m.acc, m.crowded, m.sideSlow = evidence{}, 0, 0
 	}
 	m.mode.Store(int32(next))
 	m.rescue.Store(m.acc.rescued >= 0.5)
@@ -223,9 +234,11 @@ func (m *serveMode) decay(e evidence) {
 	a.waited = a.waited*7/8 + e.waited
 	if e.busy > 0 {
 		// Side-by-side evidence comes only from order checks while queries
-		// go one to a connection, a few a second: it fades with each new
-		// busy answer, not with time, or it would never add up.
+		// go one to a connection, a few a second: it fades with each
+		// update that saw busy answers, not with time, or it would never
+		// add up; and so do the slow gaps it is weighed against.
 		a.side = a.side*7/8 + e.side
+		m.sideSlow = m.sideSlow*7/8 + e.busySlow
 	}
 }
 
@@ -239,7 +252,7 @@ func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
 	case e.inversions > 0:
 		m.until, m.gainless = now+int64(learnedTTL), 0
 		return ModeOutOfOrder
-	case old != ModeOutOfOrder && a.side >= minSideEvidence && a.side >= sideShare*a.busySlow:
+	case old != ModeOutOfOrder && a.side >= minSideEvidence && a.side >= sideShare*m.sideSlow:
 		// Order checks answered side by side with the query before them
 		// (a slow upstream answering the queries of a connection each in
 		// the same time: none waited for the one before), which an

@@ -78,13 +78,22 @@ func TestAnswerLog(t *testing.T) {
 	// 4 ms apart and answered as far apart were served side by side; an
 	// in-order upstream would have answered each 300 ms after the one
 	// before. A call written 100 ms after the previous one shows nothing.
-	u.sideSend = 75 * ms
+	u.sideSend, u.usual = 75*ms, 300*ms
 	for i := range int64(10) {
 		u.note(uint32(i+11), (1000+4*i)*ms, (1300+4*i)*ms, true)
 	}
 	u.note(21, 1136*ms, 1436*ms, true)
 	if st := u.collect(); st.side != 9 || st.busy != 10 || st.busySlow != 0 {
 		t.Errorf("Uniformly slow, timed: evidence %+v, want 10 busy answers, 9 side by side, none slow", st.evidence)
+	}
+	// An in-order upstream: a cached name (served at once) queued behind a
+	// miss that took 700 ms comes right after it, as far after it as it
+	// was written, but 698 ms after its write, more than sideWait usual
+	// times: it waited behind the miss, which is no side by side.
+	u.note(22, 2000*ms, 2700*ms, true)
+	u.note(23, 2002*ms, 2700*ms+ms/2, true)
+	if st := u.collect(); st.side != 0 || st.busy != 1 {
+		t.Errorf("Queued behind a slow answer: evidence %+v, want 1 busy answer, none side by side", st.evidence)
 	}
 	if st.evidence != want || st.aloneN != 2 || st.aloneSum != 3*ms {
 		t.Errorf("Evidence %+v, alone %d answers taking %v in all; want %+v, 2 answers taking 3ms", st.evidence, st.aloneN, time.Duration(st.aloneSum), want)
@@ -160,6 +169,7 @@ func TestServeModeSideBySide(t *testing.T) {
 		m.mode.Store(int32(from))
 		m.until = ms.now + int64(learnedTTL)
 		m.acc = evidence{busy: 29.7, busySlow: 22.7, side: 6} // what in order was learned from
+		m.sideSlow = 22.7
 		var got Mode
 		for _, e := range trap {
 			ms.now += int64(100 * time.Millisecond)
@@ -178,6 +188,13 @@ func TestServeModeSideBySide(t *testing.T) {
 	ms := &modeSteps{t: t, m: &m, now: int64(time.Hour)}
 	for range 30 {
 		ms.step(evidence{busy: 3, busySlow: 11.25}, ModeInOrder) // order checks each 30 ms behind the query before it
+	}
+	// In order with a little side-by-side evidence among the slow gaps: a
+	// quiet spell (no order check answered, a few a second at most) fades
+	// neither, and changes nothing.
+	m.acc.side, m.sideSlow = 6, 22.7
+	for range 20 {
+		ms.step(evidence{}, ModeInOrder)
 	}
 }
 
