@@ -128,9 +128,10 @@ type serveMode struct {
 	// and not the side-by-side answers, would tip the balance with no new
 	// evidence
 	sideSlow float64
-	// gainless: ns, the mean answer time in order when it was last left as
-	// crowded: in order again only if the mean answer time on few
-	// connections is gainFactor times that (0: none measured)
+	// gainless: ns, the mean answer time a query a connection when that
+	// was last left (in order as crowded, or in order or slow and unknown
+	// for side-by-side answers): in order again only if the mean answer
+	// time on few connections is gainFactor times that (0: none measured)
 	gainless int64
 }
 
@@ -156,9 +157,10 @@ const (
 	// in order learned 56 ms into a burst of 3-4 ms answers, 40 with four).
 	minWaitedEvidence = 4
 	waitedShare       = 0.25
-	// gainFactor: after in order was left as crowded (see gainless), slow
-	// gaps make it in order again only while the mean answer time is this
-	// many times what it was in order: more connections would halve it.
+	// gainFactor: after a query a connection was left (see gainless), slow
+	// gaps or waited answers make it in order again only while the mean
+	// answer time is this many times what it was then: more connections
+	// would halve it.
 	gainFactor = 2
 	// minCrowdedEvidence: in order, this many (decayed count) full sweeps in
 	// which queries alone on their connection were answered crowdedFactor

@@ -388,7 +388,7 @@ func (sc *serverConn) query(wire []byte, received int) {
 	if received == sc.s.opts.SlowNth {
 		slow = sc.s.opts.Slow
 	}
-	if sc.s.inOrder.Load() || sc.s.turns != nil {
+	if sc.s.serial() {
 		time.Sleep(slow) // scripted slowness, as in answer
 		sc.answer(q)
 		return
@@ -400,6 +400,10 @@ func (sc *serverConn) query(wire []byte, received int) {
 		sc.answer(q)
 	}()
 }
+
+// serial reports whether a connection's queries are answered one at a time,
+// on the goroutine that reads them (InOrder) or on the one thread (Turns).
+func (s *Server) serial() bool { return s.inOrder.Load() || s.turns != nil }
 
 // answerRoom is what AppendAnswer adds to a query at most: an A record and an OPT
 // without options, which replaces the query's own.
@@ -416,7 +420,7 @@ func (s *Server) onWire() bool {
 // answer does.
 func (sc *serverConn) answerFrame(frame []byte) {
 	sc.noteOutstanding(1)
-	if sc.s.inOrder.Load() || sc.s.turns != nil {
+	if sc.s.serial() {
 		sc.noteOutstanding(-1)
 		sc.write(frame)
 		return
