@@ -310,3 +310,36 @@ func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
 		}
 	})
 }
+
+// A server that closes a connection idle for a second as the client's next
+// query comes (dnsdist's tcpRecvTimeout): each cut has one query outstanding,
+// after however many answers the connection served, and two such cuts alike
+// (eight answers each) are no query limit: the query is replayed and
+// answered, and the pool goes on filling its connections. Taken for a limit
+// of seven, every connection was closed after seven queries.
+func TestIdleTimeoutRaceTeachesNoLimit(t *testing.T) {
+	const idle = time.Second
+	bubble(t, dottest.Options{InOrder: true, IdleCut: idle}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		n := 0
+		serve := func(k int) {
+			for range k {
+				n++
+				if _, err := exchange(p, fmt.Sprintf("q%d.example.", n)); err != nil {
+					t.Fatalf("Query %d: %v", n, err)
+				}
+			}
+		}
+		serve(8)
+		for cut := 1; cut <= 2; cut++ {
+			time.Sleep(idle + idle/2) // the connection idles past the server's timeout
+			before := s.Handshakes()
+			serve(8) // the first is cut, replayed on a new connection, which serves all eight
+			if h := s.Handshakes(); h != before+1 {
+				t.Fatalf("Cut %d: %d handshakes, want 1 (the cut connection's successor)", cut, h-before)
+			}
+		}
+		if l := p.learned.limit.get(); l != 0 {
+			t.Errorf("Learned query limit %d from two idle-timeout cuts, want none", l)
+		}
+	})
+}

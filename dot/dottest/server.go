@@ -43,6 +43,12 @@ type Options struct {
 	SilentAfter int
 	// CloseAfterHandshake completes the TLS handshake, then closes.
 	CloseAfterHandshake bool
+	// IdleCut: a query that comes after its connection had nothing
+	// outstanding for this long is read, never answered, and the connection
+	// closes, as when a server's idle timeout fires while the client's next
+	// query is on its way (dnsdist closes a client connection idle for its
+	// tcpRecvTimeout, 2 s). 0: never.
+	IdleCut time.Duration
 	// Mutate changes an answer before it is packed (wrong ID, wrong question...).
 	Mutate func(q, r *dns.Msg)
 	// Raw, if set, replaces the answer with the returned raw messages (each framed
@@ -289,6 +295,7 @@ type serverConn struct {
 	wmu         sync.Mutex // serialises answers
 	answered    int        // guarded by wmu
 	closed      bool       // guarded by wmu
+	idleSince   time.Time  // guarded by wmu: when the last answer left (or the handshake ended)
 	outstanding atomic.Int64
 	pending     sync.WaitGroup
 }
@@ -315,7 +322,7 @@ func (s *Server) serve(raw net.Conn) {
 	if s.opts.CloseAfterHandshake {
 		return
 	}
-	sc := &serverConn{s: s, tc: tc}
+	sc := &serverConn{s: s, tc: tc, idleSince: time.Now()}
 	defer sc.pending.Wait()
 	sc.readLoop()
 }
@@ -357,11 +364,31 @@ func (sc *serverConn) readLoop() {
 			sc.s.turns.queue(sc, qs)
 			continue
 		}
+		if sc.idleCut(len(queries)) {
+			return
+		}
 		for _, wire := range queries {
 			received++
 			sc.query(wire, received)
 		}
 	}
+}
+
+// idleCut reports whether n queries just read come after the connection sat
+// idle for Options.IdleCut, and if so closes it (see IdleCut).
+func (sc *serverConn) idleCut(n int) bool {
+	cut := sc.s.opts.IdleCut
+	if cut == 0 || n == 0 || sc.outstanding.Load() > 0 {
+		return false
+	}
+	sc.wmu.Lock()
+	defer sc.wmu.Unlock()
+	if sc.closed || time.Since(sc.idleSince) < cut {
+		return false
+	}
+	sc.closed = true
+	sc.tc.Close()
+	return true
 }
 
 // query handles the received-th query of the connection.
@@ -506,6 +533,7 @@ func (sc *serverConn) write(buf []byte) {
 		return
 	}
 	sc.answered++
+	sc.idleSince = time.Now()
 	sc.s.answers.Add(1)
 	if o.CloseAfter > 0 && sc.answered >= o.CloseAfter {
 		sc.closed = true
