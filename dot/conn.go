@@ -132,10 +132,15 @@ func (c *conn) loopDone() {
 }
 
 // register reserves a slot and an ID for cl and queues it for writing. It fails if
-// the connection is full, draining or closed.
+// the connection is full, draining or closed, or if cl is a rescue and the
+// connection holds a call: a rescue goes only to a connection with nothing
+// outstanding (accepts), and the pickers read the load without the lock, so
+// that rescues woken together all saw the same idle connection and went on it
+// one behind the other, each stuck in turn (TestRescuesTakeIdleConnsAlone).
 func (c *conn) register(cl *call) bool {
 	c.mu.Lock()
-	if c.state != stateOpen || c.werr != nil || len(c.calls) >= c.pool.cfg.MaxInflight {
+	if c.state != stateOpen || c.werr != nil || len(c.calls) >= c.pool.cfg.MaxInflight ||
+		cl.avoid != nil && len(c.calls) > 0 {
 		c.mu.Unlock()
 		return false
 	}
