@@ -26,6 +26,32 @@ type queryLimit struct {
 	silentConn   *conn
 	silentServed int
 	silentAlike  bool
+
+	probedAt atomic.Int64 // unix ns when a connection last went past n (see probe)
+}
+
+// limitProbeEvery is how often a new connection goes past the limit in force
+// to re-test it: a limit is a belief the pool can no longer test once it
+// holds it (it closes its connections at it, so none shows the server would
+// have served more), and one learned wrongly (a restart's cuts that looked
+// like a limit) cost a handshake every few queries for learnedTTL. A server
+// that does cut there cuts the probe, which teaches the limit again; what
+// that costs is one connection's queries past the limit replayed, every
+// limitProbeEvery.
+const limitProbeEvery = 10 * time.Second
+
+// probe reports whether a connection opened now goes past the limit in force,
+// to re-test it: the first one limitProbeEvery after the last.
+func (l *queryLimit) probe(now int64) bool {
+	last := l.probedAt.Load()
+	if l.get() == 0 {
+		return false
+	}
+	if last == 0 { // since the limit was learned: one period from now
+		l.probedAt.CompareAndSwap(0, now)
+		return false
+	}
+	return now-last >= int64(limitProbeEvery) && l.probedAt.CompareAndSwap(last, now)
 }
 
 // minLearnedLimit is the fewest answers after which one cut of a server
@@ -151,6 +177,31 @@ func (p *Pool) limitCut(served, most int, busy bool, now int64) int32 {
 		}
 	}
 	return l.learn(served)
+}
+
+// limitRefutedLocked reports, for a connection that goes past the learned
+// limit (limitProbe), the limit if it served more answers than it (give or
+// take one, as refutesLimit): the server has no such limit. c.mu must be held.
+func (c *conn) limitRefutedLocked() int {
+	if c.limitProbe == 0 || !refutesLimit(c.served, c.limitProbe) {
+		return 0
+	}
+	n := c.limitProbe
+	c.limitProbe = 0
+	return n
+}
+
+// unlearnLimit drops the limit in force if it is still n, which a connection
+// showed wrong by serving more (limitRefutedLocked).
+func (p *Pool) unlearnLimit(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := &p.learned.limit
+	if int(l.n.Load()) == n {
+		l.n.Store(0)
+		l.until.Store(0)
+		l.probedAt.Store(0)
+	}
 }
 
 // alike reports whether two cuts came after as many answers, give or take one.
