@@ -368,3 +368,28 @@ func TestQueryLimitIdleCutShowsRestart(t *testing.T) {
 		}
 	})
 }
+
+// A connection that goes past a learned limit refutes it only once it served
+// more than the cut that taught it: learn keeps a margin of one answer in 50,
+// and a probe that a server with that limit cuts where it cut before shows
+// nothing (for a limit of 98, taught by a cut after 100, the probe dropped it
+// at 100 answers when it was compared with 98).
+func TestLimitProbeRefutesPastTheTeachingCut(t *testing.T) {
+	for _, tc := range []struct{ cut, served, want int }{
+		{100, 100, 0}, {100, 101, 0}, {100, 102, 98},
+		{30, 31, 0}, {30, 32, 29},
+		{6, 7, 0}, {6, 8, 5},
+		{1049, 1051, 0}, {1049, 1052, 1029},
+	} {
+		c := newBareConn(t, 64)
+		limit := int(c.pool.learned.limit.learn(tc.cut))
+		c.mu.Lock()
+		c.limitProbe, c.served = limit, tc.served
+		got := c.limitRefutedLocked()
+		c.mu.Unlock()
+		if got != tc.want {
+			t.Errorf("A probe past the limit taught by a cut after %d answers (%d), after %d answers: refuted %d, want %d",
+				tc.cut, limit, tc.served, got, tc.want)
+		}
+	}
+}

@@ -13,7 +13,7 @@ type queryLimit struct {
 
 	// Guarded by Pool.mu (learnLimit):
 	small     int   // the answers before the last cut under minLearnedLimit
-	cutAt     int64 // unix ns of the last cut of a busy connection
+	cutAt     int64 // unix ns of the server's last cut of a connection, busy or idle
 	cutServed int   // the answers before it
 	quietTill int64 // unix ns until which cuts teach nothing: the server restarted (see learnLimit)
 	// n and until before the first of the cuts that came within
@@ -180,16 +180,22 @@ func (p *Pool) limitCut(served, most int, busy bool, now int64) int32 {
 }
 
 // limitRefutedLocked reports, for a connection that goes past the learned
-// limit (limitProbe), the limit if it served more answers than it (give or
-// take one, as refutesLimit): the server has no such limit. c.mu must be held.
+// limit (limitProbe), the limit if it served more answers than the cut that
+// taught it came after (give or take one, as refutesLimit): the server has
+// no such limit. c.mu must be held.
 func (c *conn) limitRefutedLocked() int {
-	if c.limitProbe == 0 || !refutesLimit(c.served, c.limitProbe) {
+	if c.limitProbe == 0 || !refutesLimit(c.served, taughtBy(c.limitProbe)) {
 		return 0
 	}
 	n := c.limitProbe
 	c.limitProbe = 0
 	return n
 }
+
+// taughtBy is the most answers after which the cut that taught limit n came:
+// learn keeps a margin of one answer in 50 below it. A probe that serves as
+// many is cut there by a server that has the limit, and shows nothing.
+func taughtBy(n int) int { return n + max(n/49, 1) }
 
 // unlearnLimit drops the limit in force if it is still n, which a connection
 // showed wrong by serving more (limitRefutedLocked).
