@@ -50,6 +50,7 @@ type conn struct {
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	idleBefore int64            // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
+	limitProbe int              // guarded by mu: the learned limit this connection goes past, to re-test it (see queryLimit.probe); 0: none
 	state      connState        // guarded by mu; changed only by setDrainingLocked and closeFor
 	drainFor   CloseReason      // guarded by mu: why it drains, once state is stateDraining
 	werr       error            // guarded by mu: the writer's first error; no write after it
@@ -83,6 +84,9 @@ func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 		calls:      make(map[uint16]*call, min(p.cfg.MaxInflight, 16)),
 		idle:       p.cfg.IdleTimeout,
 		queryLimit: int(p.learned.limit.get()),
+	}
+	if p.learned.limit.probe(now) {
+		c.limitProbe, c.queryLimit = c.queryLimit, 0
 	}
 	// The idle timeout the server told on other connections holds for this
 	// one before it hears it here: a spare that carries no query hears it
@@ -132,10 +136,15 @@ func (c *conn) loopDone() {
 }
 
 // register reserves a slot and an ID for cl and queues it for writing. It fails if
-// the connection is full, draining or closed.
+// the connection is full, draining or closed, or if cl is a rescue and the
+// connection holds a call: a rescue goes only to a connection with nothing
+// outstanding (accepts), and the pickers read the load without the lock, so
+// that rescues woken together all saw the same idle connection and went on it
+// one behind the other, each stuck in turn (TestRescuesTakeIdleConnsAlone).
 func (c *conn) register(cl *call) bool {
 	c.mu.Lock()
-	if c.state != stateOpen || c.werr != nil || len(c.calls) >= c.pool.cfg.MaxInflight {
+	if c.state != stateOpen || c.werr != nil || len(c.calls) >= c.pool.cfg.MaxInflight ||
+		cl.avoid != nil && len(c.calls) > 0 {
 		c.mu.Unlock()
 		return false
 	}

@@ -334,3 +334,24 @@ func TestEmptyKeepaliveIsIgnored(t *testing.T) {
 		t.Errorf("Drains = %d, want 0", d)
 	}
 }
+
+// A rescue goes only to a connection with nothing outstanding, and register
+// holds to that under the connection's lock: pickIdle reads the loads without
+// it, and rescues woken together all took the same idle connection, one behind
+// the other, each stuck in turn (TestInOrderQueueRescuedOnceLearned: 34 dials
+// for 90 rescues, the last answer after 304 ms, in about 1 run in 20).
+func TestRescuesTakeIdleConnsAlone(t *testing.T) {
+	c, stuck := newBareConn(t, 64), newBareConn(t, 64)
+	q := mustPrepare(t, "example.org.")
+	first, second := newTestCall(q), newTestCall(q)
+	first.avoid, second.avoid = stuck, stuck
+	if !c.register(first) {
+		t.Fatal("A rescue was refused by a connection with nothing outstanding")
+	}
+	if c.register(second) {
+		t.Error("A second rescue went on a connection that holds one: want it refused")
+	}
+	if !c.register(newTestCall(q)) {
+		t.Error("A query that is no rescue was refused by a connection with room")
+	}
+}

@@ -42,6 +42,7 @@ func TestDesignNumbers(t *testing.T) {
 		"minLearnedLimit":          minLearnedLimit,
 		"maxReplays":               maxReplays,
 		"restartWindow":            restartWindow,
+		"limitProbeEvery":          limitProbeEvery,
 		"silentAfter":              silentAfter,
 		"minSilentQuiet":           minSilentQuiet,
 		"minSilentBeyond":          minSilentBeyond,

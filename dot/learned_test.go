@@ -293,3 +293,103 @@ func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
 		}
 	})
 }
+
+// A restart's cuts come together in any order: two after like numbers of
+// answers first (a limit, by the look of them) and then one after fewer take
+// back what the first two taught, both of them, not only the second: on main
+// before this, the revert restored the limit the first had taught, and the
+// pool kept a limit of 34 that the server never had (TestServerRestartTeachesNoLimit
+// failed under -race in 8 runs of 30, and 1 of 60, most of them so).
+func TestQueryLimitRestartTakesBackEveryCut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newBareConn(t, 64).pool
+		time.Sleep(2 * restartWindow)
+		for _, served := range []int{35, 35} {
+			p.learnLimit(CloseServer, served, 1)
+		}
+		if got := p.learned.limit.get(); got != 34 {
+			t.Fatalf("Two cuts at 35 answers: limit %d, want 34", got)
+		}
+		p.learnLimit(CloseServer, 5, 1)
+		if got := p.learned.limit.get(); got != 0 {
+			t.Errorf("A cut at 5 answers together with two at 35: limit %d, want 0 (a restart takes back all it taught)", got)
+		}
+	})
+}
+
+// A server with a query limit lets no connection serve more than it: a cut
+// after fewer answers than another open connection has served is no limit
+// (a restart cut the connection that served most later, or not yet), however
+// like the cut before it.
+func TestQueryLimitRefutedByAConnThatServedMore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newBareConn(t, 64)
+		p := c.pool
+		p.conns.Store(&[]*conn{c})
+		c.mu.Lock()
+		c.served = 37
+		c.mu.Unlock()
+		time.Sleep(2 * restartWindow)
+		p.learnLimit(CloseServer, 35, 1)
+		if got := p.learned.limit.get(); got != 0 {
+			t.Fatalf("A cut at 35 answers with a connection that served 37 open: limit %d, want 0", got)
+		}
+		time.Sleep(2 * restartWindow)
+		p.learnLimit(CloseServer, 36, 1) // give or take one: as alike allows
+		if got := p.learned.limit.get(); got != 35 {
+			t.Errorf("A cut at 36 answers with a connection that served 37 open: limit %d, want 35", got)
+		}
+	})
+}
+
+// A restart cuts idle connections too: one busy connection cut after 36
+// answers and an idle one cut with it after 11 are a restart, and the limit
+// the first taught is taken back (without idle cuts the restart looked like
+// a limit of 35, in 1 run in 60 of TestServerRestartTeachesNoLimit under
+// -race). An idle cut alone teaches nothing.
+func TestQueryLimitIdleCutShowsRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newBareConn(t, 64).pool
+		time.Sleep(2 * restartWindow)
+		p.learnLimit(CloseServer, 36, 1)
+		if got := p.learned.limit.get(); got != 35 {
+			t.Fatalf("A cut at 36 answers: limit %d, want 35", got)
+		}
+		p.learnLimit(CloseServer, 11, 0)
+		if got := p.learned.limit.get(); got != 0 {
+			t.Errorf("An idle connection cut after 11 answers together with a busy one at 36: limit %d, want 0 (a restart)", got)
+		}
+		for range 2 {
+			time.Sleep(2 * restartWindow)
+			p.learnLimit(CloseServer, 20, 0)
+		}
+		if got := p.learned.limit.get(); got != 0 {
+			t.Errorf("Idle connections cut after 20 answers: limit %d, want 0", got)
+		}
+	})
+}
+
+// A connection that goes past a learned limit refutes it only once it served
+// more than the cut that taught it: learn keeps a margin of one answer in 50,
+// and a probe that a server with that limit cuts where it cut before shows
+// nothing (for a limit of 98, taught by a cut after 100, the probe dropped it
+// at 100 answers when it was compared with 98).
+func TestLimitProbeRefutesPastTheTeachingCut(t *testing.T) {
+	for _, tc := range []struct{ cut, served, want int }{
+		{100, 100, 0}, {100, 101, 0}, {100, 102, 98},
+		{30, 31, 0}, {30, 32, 29},
+		{6, 7, 0}, {6, 8, 5},
+		{1049, 1051, 0}, {1049, 1052, 1029},
+	} {
+		c := newBareConn(t, 64)
+		limit := int(c.pool.learned.limit.learn(tc.cut))
+		c.mu.Lock()
+		c.limitProbe, c.served = limit, tc.served
+		got := c.limitRefutedLocked()
+		c.mu.Unlock()
+		if got != tc.want {
+			t.Errorf("A probe past the limit taught by a cut after %d answers (%d), after %d answers: refuted %d, want %d",
+				tc.cut, limit, tc.served, got, tc.want)
+		}
+	}
+}

@@ -88,6 +88,7 @@ func New(cfg Config) (*Pool, error) {
 	p.kick = make(chan struct{}, 1)
 	p.idleTicks.Store(true)
 	p.sizer.tokens = maxRescueBurst
+	p.sizer.at = nanotime() // the queries that come before the first tick are arrivals too
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.conns.Store(&[]*conn{})
 	p.clock.Store(nanotime())

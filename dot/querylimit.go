@@ -13,17 +13,45 @@ type queryLimit struct {
 
 	// Guarded by Pool.mu (learnLimit):
 	small     int   // the answers before the last cut under minLearnedLimit
-	cutAt     int64 // unix ns of the last cut of a busy connection
+	cutAt     int64 // unix ns of the server's last cut of a connection, busy or idle
 	cutServed int   // the answers before it
 	quietTill int64 // unix ns until which cuts teach nothing: the server restarted (see learnLimit)
-	learnedAt int64 // unix ns when n was last set
-	prevN     int32 // n and until before that, to restore if it came of a restart
+	// n and until before the first of the cuts that came within
+	// restartWindow of each other up to the last one: what a restart
+	// among them takes back to, however many of them taught.
+	prevN     int32
 	prevUntil int64
 	// The last connection that fell silent (see silentBeyondLocked), after
 	// how many answers, and whether another one before it did after as many.
 	silentConn   *conn
 	silentServed int
 	silentAlike  bool
+
+	probedAt atomic.Int64 // unix ns when a connection last went past n (see probe)
+}
+
+// limitProbeEvery is how often a new connection goes past the limit in force
+// to re-test it: a limit is a belief the pool can no longer test once it
+// holds it (it closes its connections at it, so none shows the server would
+// have served more), and one learned wrongly (a restart's cuts that looked
+// like a limit) cost a handshake every few queries for learnedTTL. A server
+// that does cut there cuts the probe, which teaches the limit again; what
+// that costs is one connection's queries past the limit replayed, every
+// limitProbeEvery.
+const limitProbeEvery = 10 * time.Second
+
+// probe reports whether a connection opened now goes past the limit in force,
+// to re-test it: the first one limitProbeEvery after the last.
+func (l *queryLimit) probe(now int64) bool {
+	last := l.probedAt.Load()
+	if l.get() == 0 {
+		return false
+	}
+	if last == 0 { // since the limit was learned: one period from now
+		l.probedAt.CompareAndSwap(0, now)
+		return false
+	}
+	return now-last >= int64(limitProbeEvery) && l.probedAt.CompareAndSwap(last, now)
 }
 
 // minLearnedLimit is the fewest answers after which one cut of a server
@@ -66,19 +94,41 @@ func (l *queryLimit) learn(answered int) int32 {
 // connections they go to already respect the limit.
 //
 // A server that restarts cuts every connection at once, each after however
-// many answers it served: two busy connections cut within restartWindow of
-// each other after unlike numbers of answers (more than one apart) are a
-// restart, not a policy. Then no cut teaches a limit until restartWindow
-// after the last such cut, and a limit learned within restartWindow before
-// is taken back.
+// many answers it served, idle ones too: two connections cut within
+// restartWindow of each other after unlike numbers of answers (more than one
+// apart), busy or idle, are a restart, not a policy, and so is a busy one cut
+// after fewer answers than another connection has served (a server with a
+// limit lets none serve more, see refutesLimit). Then no cut teaches a limit
+// until restartWindow after the last such cut, and whatever the cuts close
+// together before it taught is taken back. A restart that cut one busy
+// connection and idle ones had taught the busy one's count (TestServerRestartTeachesNoLimit,
+// 1 run in 60 under -race).
 func (p *Pool) learnLimit(reason CloseReason, served, outstanding int) {
-	if reason != CloseServer || outstanding == 0 {
+	if reason != CloseServer {
 		return
 	}
-	if limit := p.limitCut(served, nanotime()); limit != 0 {
+	if limit := p.limitCut(served, p.mostServed(), outstanding > 0, nanotime()); limit != 0 {
 		p.applyLimit(limit)
 	}
 }
+
+// mostServed returns the most answers any of the pool's connections served
+// (closed ones still listed included). It takes each connection's lock in turn,
+// with Pool.mu not held.
+func (p *Pool) mostServed() int {
+	most := 0
+	for _, c := range *p.conns.Load() {
+		c.mu.Lock()
+		most = max(most, c.served)
+		c.mu.Unlock()
+	}
+	return most
+}
+
+// refutesLimit reports whether a connection that served most answers shows
+// that a cut after served was no query limit: the server let it serve more
+// (give or take one, as alike allows two cuts at one limit).
+func refutesLimit(most, served int) bool { return most > served+1 }
 
 // applyLimit applies a newly learned query limit to every open connection:
 // those opened with the one that taught it are as old and about to be cut
@@ -95,25 +145,28 @@ func (p *Pool) applyLimit(limit int32) {
 // are a restart (see learnLimit).
 const restartWindow = 50 * time.Millisecond
 
-// limitCut records a busy connection's cut after served answers, at now, and
-// learns from it if it may teach a limit: it is no part of a restart, it came
-// after two answers at least, and if after fewer than minLearnedLimit, the
-// small cut before it came after as many, give or take one. It returns the
-// new limit if it lowered the one in force, else 0.
-func (p *Pool) limitCut(served int, now int64) int32 {
+// limitCut records a connection's cut after served answers, at now, when some
+// connection of the pool served most; busy, it had queries outstanding. A
+// busy one's cut teaches a limit if it may: it is no part of a restart, it
+// came after two answers at least, and if after fewer than minLearnedLimit,
+// the small cut before it came after as many, give or take one. An idle one's
+// teaches none (a server's idle timeout cuts those) but may show a restart.
+// It returns the new limit if it lowered the one in force, else 0.
+func (p *Pool) limitCut(served, most int, busy bool, now int64) int32 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	l := &p.learned.limit
-	if now-l.cutAt < int64(restartWindow) && !alike(served, l.cutServed) {
+	together := now-l.cutAt < int64(restartWindow)
+	if !together {
+		l.prevN, l.prevUntil = l.n.Load(), l.until.Load()
+	}
+	if busy && refutesLimit(most, served) || together && !alike(served, l.cutServed) {
 		l.quietTill = now + int64(restartWindow)
-		if now-l.learnedAt < int64(restartWindow) {
-			l.n.Store(l.prevN) // learned from the restart's first cut
-			l.until.Store(l.prevUntil)
-			l.learnedAt = 0
-		}
+		l.n.Store(l.prevN) // a restart: take back what its first cuts taught
+		l.until.Store(l.prevUntil)
 	}
 	l.cutAt, l.cutServed = now, served
-	if now < l.quietTill || served < 2 {
+	if !busy || now < l.quietTill || served < 2 {
 		return 0
 	}
 	if served < minLearnedLimit {
@@ -123,8 +176,38 @@ func (p *Pool) limitCut(served int, now int64) int32 {
 			return 0 // the first such cut, or one unlike the last: not yet a policy
 		}
 	}
-	l.prevN, l.prevUntil, l.learnedAt = l.n.Load(), l.until.Load(), now
 	return l.learn(served)
+}
+
+// limitRefutedLocked reports, for a connection that goes past the learned
+// limit (limitProbe), the limit if it served more answers than the cut that
+// taught it came after (give or take one, as refutesLimit): the server has
+// no such limit. c.mu must be held.
+func (c *conn) limitRefutedLocked() int {
+	if c.limitProbe == 0 || !refutesLimit(c.served, taughtBy(c.limitProbe)) {
+		return 0
+	}
+	n := c.limitProbe
+	c.limitProbe = 0
+	return n
+}
+
+// taughtBy is the most answers after which the cut that taught limit n came:
+// learn keeps a margin of one answer in 50 below it. A probe that serves as
+// many is cut there by a server that has the limit, and shows nothing.
+func taughtBy(n int) int { return n + max(n/49, 1) }
+
+// unlearnLimit drops the limit in force if it is still n, which a connection
+// showed wrong by serving more (limitRefutedLocked).
+func (p *Pool) unlearnLimit(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := &p.learned.limit
+	if int(l.n.Load()) == n {
+		l.n.Store(0)
+		l.until.Store(0)
+		l.probedAt.Store(0)
+	}
 }
 
 // alike reports whether two cuts came after as many answers, give or take one.
@@ -138,12 +221,17 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 //
 // One silent connection may be one whose queries were all slow names: it
 // teaches only if another one fell silent after as many answers (give or
-// take one) before.
+// take one) before. What other connections served does not refute it (see
+// refutesLimit): served is the write order of the last query answered, not a
+// count, and an upstream that turned in order while the pool held it out of
+// order falls silent so on every connection; the limit that teaches moves
+// the queries off all of them (TestRegimeSwitchingUpstream times queries out
+// when only the silent one drains).
 func (p *Pool) learnSilence(c *conn, served int) {
 	if !p.silenceAlike(c, served) {
 		return
 	}
-	if limit := p.limitCut(served, nanotime()); limit != 0 {
+	if limit := p.limitCut(served, 0, true, nanotime()); limit != 0 {
 		p.applyLimit(limit)
 		return
 	}

@@ -42,3 +42,31 @@ func TestServerRestartTeachesNoLimit(t *testing.T) {
 		t.Logf("%d handshakes, %d of 1500 queries failed, mode %v", s.Handshakes(), failed, p.Stats().Mode)
 	})
 }
+
+// A query limit the server does not have, once learned, is re-tested and
+// dropped: the pool closes its connections at a learned limit, so that none
+// shows the server would serve more, but every limitProbeEvery a new one goes
+// past it (issue 21: a wrong belief corrected by what the pool measures).
+// Without the probe, a limit of 29 taught by one cut held for learnedTTL.
+func TestWrongQueryLimitUnlearned(t *testing.T) {
+	bubble(t, dottest.Options{}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		time.Sleep(2 * restartWindow)
+		p.learnLimit(CloseServer, 30, 1) // as if the server had cut a connection after 30 answers
+		if l := p.learned.limit.get(); l != 29 {
+			t.Fatalf("Limit %d after a cut at 30 answers, want 29", l)
+		}
+		const gap, within = 2 * time.Millisecond, limitProbeEvery + 2*time.Second
+		wait := offerFor(p, int(within/gap), gap, name)
+		start := time.Now()
+		for p.learned.limit.get() != 0 && time.Since(start) < within {
+			time.Sleep(10 * time.Millisecond)
+		}
+		unlearned := time.Since(start)
+		checkOutcomes(t, wait(), func(string) time.Duration { return time.Second })
+		if l := p.learned.limit.get(); l != 0 {
+			t.Errorf("Limit %d after %v of a server that serves any number, want none", l, within)
+		}
+		t.Logf("Unlearned after %v; %d handshakes", unlearned, s.Handshakes())
+	})
+}

@@ -33,9 +33,13 @@ func (c *conn) sweep(now int64, idle time.Duration) {
 	if v.reason < 0 {
 		silent = c.silentBeyondLocked(now)
 	}
+	refuted := c.limitRefutedLocked()
 	c.mu.Unlock()
 	if silent > 0 {
 		c.pool.learnSilence(c, silent)
+	}
+	if refuted > 0 {
+		c.pool.unlearnLimit(refuted)
 	}
 
 	for _, cl := range expired {
