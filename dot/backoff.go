@@ -47,6 +47,11 @@ type redial struct {
 	strikes int       // failures in a row since a new connection last answered
 	after   time.Time // no dial before this
 	cause   error     // the last failure, for ErrUnavailable's message
+	// cutAt: when the last strike came of a connection the server closed
+	// before its first answer (zero if it came of anything else): a restart,
+	// if the server closes one that had answered within restartWindow of it
+	// (see Pool.connClosed)
+	cutAt time.Time
 }
 
 // strike records a failed dial or connection and arms the backoff. A failure
@@ -65,4 +70,12 @@ func (r *redial) strike(err error, b Backoff) {
 	}
 	r.strikes++
 	r.after = now.Add(b.Delay(r.strikes))
+	r.cutAt = time.Time{}
+}
+
+// forgive takes back the last strike: it came of a restart, not of a server
+// that refuses connections (see Pool.connClosed).
+func (r *redial) forgive(now time.Time) {
+	r.strikes = max(r.strikes-1, 0)
+	r.after, r.cutAt = now, time.Time{}
 }

@@ -476,19 +476,28 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.bc.kill()
 	// The pool forgets the connection, learns from its end and arms its backoff
 	// before the queries move on, so that where they go reflects all of that.
-	if wasOpen && !idleRace {
+	if wasOpen {
 		// Only a cut of a connection we were still feeding says anything about the
 		// server's limit: one that ends while draining was stopped by us first.
 		// Nor does one that came as a query reached a connection idle for
-		// idleRaceAfter or more: that is the server's idle timeout. dnsdist
-		// closes client connections idle for 2 s; two such cuts after 8 and 7
-		// answers taught a limit of 6, and every connection was then closed
-		// after six queries: some 3,400 handshakes in 15 s, and under load a
-		// quarter of the queries unanswered (make bench-regimes, dnsdist-slow).
-		c.pool.learnLimit(reason, served, len(live))
+		// idleRaceAfter or more: that is the server's idle timeout, counted as
+		// a cut of an idle connection (a sign of a restart if a busy one is cut
+		// with it, never a limit). dnsdist closes client connections idle for
+		// 2 s; two such cuts after 8 and 7 answers taught a limit of 6, and
+		// every connection was then closed after six queries: some 3,400
+		// handshakes in 15 s, and under load a quarter of the queries
+		// unanswered (make bench-regimes, dnsdist-slow).
+		busy := len(live)
+		if idleRace {
+			busy = 0
+		}
+		c.pool.learnLimit(reason, served, busy)
 	}
 	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer}
+	if lost.serverCut && !lost.replayable {
+		lost.cutAt = nanotime()
+	}
 	for _, cl := range live {
 		if cl.state.CompareAndSwap(callQueued, callAbandoned) {
 			cl.complete(result{err: errUnsent})

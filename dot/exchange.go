@@ -90,7 +90,7 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 // an error ends the replays at one.
 func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	var lost *connLostError
-	if !errors.As(err, &lost) || !lost.replayable || q.opcode != dns.OpcodeQuery || ctx.Err() != nil {
+	if !errors.As(err, &lost) || !lost.replayable && (lost.cutAt == 0 || !p.restartAt(lost.cutAt)) || q.opcode != dns.OpcodeQuery || ctx.Err() != nil {
 		return false
 	}
 	if errors.Is(lost.cause, errBeyondLimit) {

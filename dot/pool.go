@@ -57,6 +57,9 @@ type Pool struct {
 	redial redial        // guarded by mu: the reconnect backoff
 	fds    fdCap         // guarded by mu: the cap after dials failed for lack of file descriptors
 	closed bool          // guarded by mu
+	// answeredCut, written under mu: unix ns when the server last closed a
+	// connection that had answered (see noteServerCutLocked)
+	answeredCut atomic.Int64
 
 	// Guarded by mu, unix ns (see firstDialBurst): the last query that came
 	// before the pool had a connection, and when the first dial (one with
@@ -439,10 +442,18 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 	// failure for health checking even after answers (a black hole), but does not
 	// delay the redial its queries' replay needs.
 	var failure error
-	switch {
+	switch now := time.Now(); {
+	case reason == CloseServer && life.answered > 0:
+		p.noteServerCutLocked(now)
 	case life.failed(reason):
 		failure = fmt.Errorf("%w before its first answer (%s)", ErrConnLost, reason)
+		if reason == CloseServer && p.restartAt(now.UnixNano()) {
+			break // a restart (see noteServerCutLocked)
+		}
 		p.redial.strike(failure, p.cfg.Backoff)
+		if reason == CloseServer {
+			p.redial.cutAt = now
+		}
 	case reason == CloseStall:
 		failure = ErrStalled
 	}
@@ -453,6 +464,31 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 	if failure != nil {
 		p.obs.Failed(failure)
 	}
+}
+
+// noteServerCutLocked records that the server closed a connection that had
+// answered, at now. A server that restarts (or reloads) closes every
+// connection at once, the new ones that have not answered yet too; taken for
+// a server that accepts connections and closes them, those armed the dial
+// backoff, and with every connection gone the pool failed its queries at once
+// (ErrUnavailable) for the backoff's 250 ms, where forward would have dialled
+// the restarted server (TestServerRestartTeachesNoLimit: 300-600 of 1,500
+// queries failed across three restarts in about half the runs). Such a cut
+// within restartWindow of one of a connection that had answered is a restart,
+// before or after it: it arms no backoff, or its strike is taken back.
+func (p *Pool) noteServerCutLocked(now time.Time) {
+	p.answeredCut.Store(now.UnixNano())
+	if !p.redial.cutAt.IsZero() && now.Sub(p.redial.cutAt) < restartWindow {
+		p.redial.forgive(now)
+	}
+}
+
+// restartAt reports whether a connection the server closed before its first
+// answer, at unix ns at, was closed with one that had answered, within
+// restartWindow before or after: by a restart (see noteServerCutLocked).
+func (p *Pool) restartAt(at int64) bool {
+	d := at - p.answeredCut.Load()
+	return max(d, -d) < int64(restartWindow)
 }
 
 // slotFreed wakes callers waiting for capacity, if there are any.
