@@ -47,6 +47,7 @@ type conn struct {
 	answered   int              // guarded by mu: answers delivered on this connection
 	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
 	lastServed uint32           // guarded by mu: the highest write order (call.seq) the server served
+	servedAt   int64            // guarded by mu: unix ns when lastServed last rose (see silentBeyondLocked)
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	idleBefore int64            // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -189,6 +191,93 @@ func TestSilentConnectionsTeachTheLimit(t *testing.T) {
 		// Silent after 19 answers: 19 less one, the margin (see queryLimit.learn).
 		if l := p.learned.limit.get(); l != limit-2 {
 			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		}
+	})
+}
+
+// A server that ignores the queries past its limit, and answers the first
+// ones on a connection as a trickle: every other one at once, those between
+// late, one every 80 ms (its 18th after 80 ms, its 16th after 160 ms... its
+// 4th after 640 ms). Its connections keep reading, and each answer frees a
+// slot that takes a new query, which it ignores too. They are silent at the
+// limit all the same (nothing written after the 20th is answered while other
+// connections answer queries written later): the pool learns the limit from
+// two of them and sends the ignored queries elsewhere, where a second
+// attempt is answered at once, long before the cut that comes with the
+// trickle's last answer. Waiting for the connection to read nothing, or for
+// its newest query to be old, it waited for that cut (property seed 70).
+func TestSilentWhileAnsweringTeachesTheLimit(t *testing.T) {
+	const limit, step = 20, 40 * time.Millisecond
+	var mu sync.Mutex
+	seen := map[string]int{}   // how often each name reached the server
+	served := map[string]int{} // how often it came within a connection's limit
+	opts := dottest.Options{CloseAfter: limit,
+		Delay: func(q dns.Question) time.Duration {
+			if q.Name == "order.example." {
+				return 20 * time.Millisecond
+			}
+			return time.Millisecond
+		},
+		OnQuery: func(wire []byte) {
+			m := new(dns.Msg)
+			if m.Unpack(wire) == nil && len(m.Question) == 1 {
+				mu.Lock()
+				seen[m.Question[0].Name]++
+				mu.Unlock()
+			}
+		},
+		NthDelay: func(n int, q dns.Question) time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			if served[q.Name]++; seen[q.Name] > 1 || !strings.HasPrefix(q.Name, "q") || n%2 == 1 || n >= limit {
+				return 0 // a second attempt, the warm-up, or not of the trickle
+			}
+			return time.Duration(limit-n) * step
+		}}
+	mod := func(c *Config) { c.MaxInflight = 30 }
+	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// Timed fast, so that queries share connections; then out of
+		// order: the third answer overtakes the second.
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := exchange(p, "order.example."); done <- err }()
+		synctest.Wait() // written first
+		if _, err := exchange(p, "overtakes.example."); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the mode out of order", func() bool { return p.Stats().Mode == ModeOutOfOrder })
+		// 1,000 QPS for 300 ms: each connection takes 30 at once.
+		out := offer(p, 300, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		// The cut comes 640 ms after a connection's 4th query (the
+		// trickle's last answer, its 20th); the ignored queries are sent
+		// elsewhere after the two connections' silence (two sweeps, 100
+		// ms each), within 190 ms.
+		const bound = 300 * time.Millisecond
+		replayed := 0
+		for _, o := range out {
+			mu.Lock()
+			ignored := seen[o.name] > served[o.name]
+			mu.Unlock()
+			switch {
+			case o.err != nil:
+				t.Errorf("Query %s: %v", o.name, o.err)
+			case !ignored:
+			case o.took > bound:
+				t.Errorf("Query %s, ignored and sent again, took %v: want at most %v, well before the cut", o.name, o.took, bound)
+			default:
+				replayed++
+			}
+		}
+		if replayed == 0 {
+			t.Errorf("No query was ignored and sent again: the server's limit was never crossed")
+		}
+		if l := p.learned.limit.get(); l != limit-1 {
+			t.Errorf("Learned limit %d, want %d", l, limit-1)
 		}
 	})
 }
