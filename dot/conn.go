@@ -37,6 +37,7 @@ type conn struct {
 	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
 	quietAt   atomic.Int64 // reads+1 when the sweeper found it reading nothing for the rescue delay with queries waiting: quiet until the next frame
 	wroteAt   atomic.Int64 // unix ns of the last write of queries
+	servedAt  atomic.Int64 // unix ns when lastServed last rose; written under mu, read lock-free by watchSilence
 	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
 	wseq      uint32       // writer goroutine only: calls written so far
 
@@ -47,7 +48,6 @@ type conn struct {
 	answered   int              // guarded by mu: answers delivered on this connection
 	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
 	lastServed uint32           // guarded by mu: the highest write order (call.seq) the server served
-	servedAt   int64            // guarded by mu: unix ns when lastServed last rose (see silentBeyondLocked)
 	accepted   int              // guarded by mu: calls ever registered on this connection
 	idleBefore int64            // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
 	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none

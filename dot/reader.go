@@ -92,7 +92,8 @@ func (c *conn) dispatch(frame []byte) {
 		now := nanotime()
 		c.served++
 		if cl.seq > c.lastServed {
-			c.lastServed, c.servedAt = cl.seq, now
+			c.lastServed = cl.seq
+			c.servedAt.Store(now)
 		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()
 		c.answers.note(cl.seq, cl.sentAt.Load(), now, drop < 0)
