@@ -38,8 +38,8 @@
 //   - batchconn.go: the socket under TLS: one write per batch, the write deadline
 //     (armed ahead, see armLocked), quick ACKs, the read ahead of TLS.
 //   - sweep.go: the pool's timer: every tick (fast while queries are out) the
-//     watch for blocked connections and the sizing; every sweepInterval timeouts,
-//     tombstones, stall, drain, idle, and learning.
+//     watch for blocked and silent connections and the sizing; every
+//     sweepInterval timeouts, tombstones, stall, drain, idle, and learning.
 //   - learned.go: what the pool learns of its upstream (record verdict, mode and
 //     usual answer time), and how the mode is decided from the evidence.
 //   - answerlog.go: the answer log the mode is learned from: what one
