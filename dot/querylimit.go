@@ -138,9 +138,13 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 //
 // One silent connection may be one whose queries were all slow names: it
 // teaches only if another one fell silent after as many answers (give or
-// take one) before.
+// take one) before. Its own queries past it go elsewhere all the same: if
+// they were slow names, that costs their wait so far and a connection; if
+// not, they would wait for its cut (property seed 63: p99 580 ms against
+// 446 ms, where 1.2 times the model's and 5 ms is 533 ms).
 func (p *Pool) learnSilence(c *conn, served int) {
 	if !p.silenceAlike(c, served) {
+		c.setQueryLimit(served)
 		return
 	}
 	if limit := p.limitCut(served, nanotime()); limit != 0 {
