@@ -75,7 +75,8 @@
 //     learned are replayed at once (evicted).
 //   - silent: a connection to an out-of-order upstream that answers nothing
 //     written after its Nth call while later calls are answered elsewhere: the
-//     server ignores the calls past its limit until its slowest answer (sweep.go).
+//     server ignores the calls past its limit until its slowest answer
+//     (sweep.go). It drains, and its calls past the Nth are replayed at once.
 //   - record verdict: whether the upstream reads every query of a TLS record
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order
