@@ -37,6 +37,7 @@ type conn struct {
 	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
 	quietAt   atomic.Int64 // reads+1 when the sweeper found it reading nothing for the rescue delay with queries waiting: quiet until the next frame
 	wroteAt   atomic.Int64 // unix ns of the last write of queries
+	servedAt  atomic.Int64 // unix ns when lastServed last rose; written under mu, read lock-free by watchSilence
 	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
 	wseq      uint32       // writer goroutine only: calls written so far
 

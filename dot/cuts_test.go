@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -196,6 +198,151 @@ func TestSilentConnectionsTeachTheLimit(t *testing.T) {
 			t.Errorf("Learned limit %d, want %d", l, limit-2)
 		}
 	})
+}
+
+// A server that ignores the queries past its limit, and answers the first
+// ones on a connection as a trickle: every other one at once, those between
+// late, one every 80 ms (its 18th after 80 ms, its 16th after 160 ms... its
+// 4th after 640 ms). Its connections keep reading, and each answer frees a
+// slot that takes a new query, which it ignores too. They are silent at the
+// limit all the same (nothing written after the 20th is answered while other
+// connections answer queries written later): the pool learns the limit from
+// two of them and sends the ignored queries elsewhere, where a second
+// attempt is answered at once, long before the cut that comes with the
+// trickle's last answer. Waiting for the connection to read nothing, or for
+// its newest query to be old, it waited for that cut (property seed 70).
+func TestSilentWhileAnsweringTeachesTheLimit(t *testing.T) {
+	const limit = 20
+	srv := newTrickleServer(limit)
+	mod := func(c *Config) { c.MaxInflight = 30 }
+	bubble(t, srv.opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warmOutOfOrder(t, p)
+		// 1,000 QPS for 300 ms: each connection takes 30 at once.
+		out := offer(p, 300, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		// The cut comes 640 ms after a connection's 4th query (the
+		// trickle's last answer, its 20th); the ignored queries are sent
+		// elsewhere once two connections are silent, within 100 ms:
+		// silence is looked for on the sweeper's ticks, not only on its
+		// full sweeps (every 100 ms), which took 184-205 ms.
+		srv.checkIgnored(t, out, 150*time.Millisecond)
+		if l := p.learned.limit.get(); l != limit-1 {
+			t.Errorf("Learned limit %d, want %d", l, limit-1)
+		}
+	})
+}
+
+// One connection silent at the trickle server's limit, while the next one
+// answers the queries written after its own (fewer than the limit): one
+// silent connection teaches no limit (it may have been slow names), but its
+// queries past the last one served go elsewhere at once all the same. Left
+// in place, they waited for its cut, 640 ms after its 4th query (property
+// seed 63: p99 580 ms against 446 ms).
+func TestOneSilentConnectionSendsItsQueriesElsewhere(t *testing.T) {
+	srv := newTrickleServer(20)
+	mod := func(c *Config) { c.MaxInflight = 14 }
+	bubble(t, srv.opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warmOutOfOrder(t, p)
+		// 23 queries a millisecond apart fill the first connection (its
+		// 4th to 20th served, 8 of them late, and 6 more ignored), then
+		// 10 more, 10 ms apart, go to the second and are answered; so
+		// are the 6 sent again, within its limit.
+		pause := func(i int) time.Duration {
+			if i < 23 {
+				return time.Millisecond
+			}
+			return 10 * time.Millisecond
+		}
+		out := offerPaced(p, 33, pause, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		srv.checkIgnored(t, out, 300*time.Millisecond)
+		if l := p.learned.limit.get(); l != 0 {
+			t.Errorf("Learned limit %d, want none: one silent connection teaches none", l)
+		}
+	})
+}
+
+// trickleServer is the server of the two tests above: it ignores the queries
+// past limit on each connection, and of those before, answers the even ones
+// late, (limit-n) × trickleStep for the nth, the first time a q name is asked.
+type trickleServer struct {
+	opts   dottest.Options
+	mu     sync.Mutex
+	seen   map[string]int // how often each name reached the server
+	served map[string]int // how often it came within a connection's limit
+}
+
+const trickleStep = 40 * time.Millisecond
+
+func newTrickleServer(limit int) *trickleServer {
+	srv := &trickleServer{seen: map[string]int{}, served: map[string]int{}}
+	srv.opts = dottest.Options{CloseAfter: limit,
+		Delay: func(q dns.Question) time.Duration {
+			if q.Name == "order.example." {
+				return 20 * time.Millisecond
+			}
+			return time.Millisecond
+		},
+		OnQuery: func(wire []byte) {
+			m := new(dns.Msg)
+			if m.Unpack(wire) == nil && len(m.Question) == 1 {
+				srv.mu.Lock()
+				srv.seen[m.Question[0].Name]++
+				srv.mu.Unlock()
+			}
+		},
+		NthDelay: func(n int, q dns.Question) time.Duration {
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			if srv.served[q.Name]++; srv.seen[q.Name] > 1 || !strings.HasPrefix(q.Name, "q") || n%2 == 1 || n >= limit {
+				return 0 // a second attempt, the warm-up, or not of the trickle
+			}
+			return time.Duration(limit-n) * trickleStep
+		}}
+	return srv
+}
+
+// checkIgnored checks that every query was answered, and that those the
+// server ignored (past a connection's limit) were, sent again, within bound;
+// and that there were some.
+func (srv *trickleServer) checkIgnored(t *testing.T, out []regimeOutcome, bound time.Duration) {
+	t.Helper()
+	ignored := 0
+	for _, o := range out {
+		srv.mu.Lock()
+		past := srv.seen[o.name] > srv.served[o.name]
+		srv.mu.Unlock()
+		switch {
+		case o.err != nil:
+			t.Errorf("Query %s: %v", o.name, o.err)
+		case !past:
+		case o.took > bound:
+			t.Errorf("Query %s, ignored and sent again, took %v: want at most %v, well before the cut", o.name, o.took, bound)
+		default:
+			ignored++
+		}
+	}
+	if ignored == 0 {
+		t.Errorf("No query was ignored and sent again: the server's limit was never crossed")
+	}
+}
+
+// warmOutOfOrder times the upstream fast, so that queries share
+// connections, and shows it out of order: the third answer overtakes the
+// second.
+func warmOutOfOrder(t *testing.T, p *Pool) {
+	t.Helper()
+	if _, err := exchange(p, "warm.example."); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := exchange(p, "order.example."); done <- err }()
+	synctest.Wait() // written first
+	if _, err := exchange(p, "overtakes.example."); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mode out of order", func() bool { return p.Stats().Mode == ModeOutOfOrder })
 }
 
 // A server whose idle timeout is shorter than the pool's closes a connection

@@ -38,8 +38,8 @@
 //   - batchconn.go: the socket under TLS: one write per batch, the write deadline
 //     (armed ahead, see armLocked), quick ACKs, the read ahead of TLS.
 //   - sweep.go: the pool's timer: every tick (fast while queries are out) the
-//     watch for blocked connections and the sizing; every sweepInterval timeouts,
-//     tombstones, stall, drain, idle, and learning.
+//     watch for blocked and silent connections and the sizing; every
+//     sweepInterval timeouts, tombstones, stall, drain, idle, and learning.
 //   - learned.go: what the pool learns of its upstream (record verdict, mode and
 //     usual answer time), and how the mode is decided from the evidence.
 //   - answerlog.go: the answer log the mode is learned from: what one
@@ -75,7 +75,8 @@
 //     learned are replayed at once (evicted).
 //   - silent: a connection to an out-of-order upstream that answers nothing
 //     written after its Nth call while later calls are answered elsewhere: the
-//     server ignores the calls past its limit until its slowest answer (sweep.go).
+//     server ignores the calls past its limit until its slowest answer
+//     (sweep.go). It drains, and its calls past the Nth are replayed at once.
 //   - record verdict: whether the upstream reads every query of a TLS record
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order

@@ -89,10 +89,14 @@ func (c *conn) dispatch(frame []byte) {
 	// waits for it: the upstream read the query and served it.
 	served := drop < 0 || drop == DropLate || drop == DropRescued || drop == DropEvicted
 	if served {
+		now := nanotime()
 		c.served++
-		c.lastServed = max(c.lastServed, cl.seq)
+		if cl.seq > c.lastServed {
+			c.lastServed = cl.seq
+			c.servedAt.Store(now)
+		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()
-		c.answers.note(cl.seq, cl.sentAt.Load(), nanotime(), drop < 0)
+		c.answers.note(cl.seq, cl.sentAt.Load(), now, drop < 0)
 		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence) && !c.pool.learnDue.Load() {
 			c.pool.learnDue.Store(true) // enough to learn in order from: at the next tick, not the next full sweep
 		}

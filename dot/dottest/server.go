@@ -38,6 +38,10 @@ type Options struct {
 	// connection is cut only after a slow answer. 0: none.
 	SlowNth int
 	Slow    time.Duration
+	// NthDelay, if set, holds back the answer to the nth query of each
+	// connection by what it returns for n and the question (besides Delay
+	// and Slow): a server whose first answers on a connection come late.
+	NthDelay func(n int, q dns.Question) time.Duration
 	// SilentAfter stops answering on each connection after its Nth answer, keeping
 	// the connection open (a black hole). 0: never.
 	SilentAfter int
@@ -415,6 +419,9 @@ func (sc *serverConn) query(wire []byte, received int) {
 	if received == sc.s.opts.SlowNth {
 		slow = sc.s.opts.Slow
 	}
+	if f := sc.s.opts.NthDelay; f != nil {
+		slow += f(received, q.Question[0])
+	}
 	if sc.s.serial() {
 		time.Sleep(slow) // scripted slowness, as in answer
 		sc.answer(q)
@@ -440,7 +447,7 @@ const answerRoom = 16 + 11
 // scripted that needs the query as a dns.Msg.
 func (s *Server) onWire() bool {
 	o := &s.opts
-	return o.Handler == nil && o.Mutate == nil && o.Raw == nil && o.Delay == nil && o.Drop == nil && o.SlowNth == 0
+	return o.Handler == nil && o.Mutate == nil && o.Raw == nil && o.Delay == nil && o.Drop == nil && o.SlowNth == 0 && o.NthDelay == nil
 }
 
 // answerFrame writes an answer built on the wire, concurrently or in order as
