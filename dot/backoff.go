@@ -62,15 +62,17 @@ type redial struct {
 // under a second (e2e, dnsdist and kresd on a loaded CI machine: no answer for
 // 10 s after the restart). No dial starts while it is armed, so the next strike
 // is the next dial's.
-func (r *redial) strike(err error, b Backoff) {
+// It reports whether the failure counted as a strike of its own.
+func (r *redial) strike(err error, b Backoff) bool {
 	r.cause = err
 	now := time.Now()
 	if now.Before(r.after) {
-		return
+		return false
 	}
 	r.strikes++
 	r.after = now.Add(b.Delay(r.strikes))
 	r.cutAt = time.Time{}
+	return true
 }
 
 // forgive takes back the last strike: it came of a restart, not of a server

@@ -80,7 +80,8 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 
 // replayable reports whether a query whose written attempt failed may be sent again:
 // only a plain QUERY (idempotent), only if its connection had answered before (a
-// connection that never answered tells nothing good about the next one), only if
+// connection that never answered tells nothing good about the next one, unless
+// the server closed it in a restart, see Pool.restartAt), only if
 // the caller still has time; a rescued query is not replayed (it was written
 // twice already). A replay whose connection the server cut in turn is
 // replayed again, up to maxReplays times in all: a server that cuts
@@ -94,11 +95,14 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 		return false
 	}
 	if errors.Is(lost.cause, errBeyondLimit) {
-		// Moved by the pool itself, past a limit it just learned (see
-		// evictBeyondLocked), not lost: whatever the query went through
-		// before (a rescue, replays), it goes on elsewhere. A limit is
-		// only ever lowered, so this ends.
-		return true
+		// Moved by the pool itself, past a limit it just learned or a
+		// connection that fell silent (see evictBeyondLocked), not lost:
+		// whatever the query went through before (a rescue, replays), it
+		// goes on elsewhere, up to twice maxReplays times: a limit may be
+		// taken back and learned again, and a server that falls silent
+		// after a different count on each connection teaches none, so
+		// nothing else ends the moves but the deadline.
+		return q.replays < 2*maxReplays
 	}
 	if q.replays == 0 {
 		return !q.resent

@@ -450,8 +450,9 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 		if reason == CloseServer && p.restartAt(now.UnixNano()) {
 			break // a restart (see noteServerCutLocked)
 		}
-		p.redial.strike(failure, p.cfg.Backoff)
-		if reason == CloseServer {
+		if p.redial.strike(failure, p.cfg.Backoff) && reason == CloseServer {
+			// Only a strike of its own may be taken back: one within
+			// an armed backoff is of an earlier failure's episode.
 			p.redial.cutAt = now
 		}
 	case reason == CloseStall:

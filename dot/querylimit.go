@@ -81,8 +81,12 @@ func (l *queryLimit) get() int32 {
 func (l *queryLimit) learn(answered int) int32 {
 	defer l.until.Store(nanotime() + int64(learnedTTL))
 	limit := int32(answered - max(answered/50, 1))
-	if old := l.get(); old != 0 && limit >= old {
+	old := l.get()
+	if old != 0 && limit >= old {
 		return 0
+	}
+	if old == 0 {
+		l.probedAt.Store(0) // a new limit: probed a whole period from now (see probe)
 	}
 	l.n.Store(limit)
 	return limit

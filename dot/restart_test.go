@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -80,5 +81,32 @@ func TestWrongQueryLimitUnlearned(t *testing.T) {
 			t.Errorf("Limit %d after %v of a server that serves any number, want none", l, within)
 		}
 		t.Logf("Unlearned after %v; %d handshakes", unlearned, s.Handshakes())
+	})
+}
+
+// A restart's strike is taken back, and only it: the server's cut of a
+// connection that had not answered, then of one that had, within
+// restartWindow, leaves no strike; but such a cut while the backoff is armed
+// by a failed dial is of that episode, and the dial's strike stays.
+func TestRestartForgivesOnlyItsOwnStrike(t *testing.T) {
+	bubble(t, dottest.Options{}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		cut := func(answered int) {
+			p.closing.Add(1) // as closeFor does before connClosed
+			p.connClosed(&conn{}, CloseServer, connLife{accepted: 1, answered: answered})
+		}
+		cut(0)
+		cut(3)
+		if n := p.Stats().Strikes; n != 0 {
+			t.Fatalf("A restart's cuts: %d strikes, want 0 (taken back)", n)
+		}
+		time.Sleep(time.Second) // past the restart window
+		p.mu.Lock()
+		p.redial.strike(errors.New("dial refused"), p.cfg.Backoff)
+		p.mu.Unlock()
+		cut(0)
+		cut(3)
+		if n := p.Stats().Strikes; n != 1 {
+			t.Errorf("A failed dial, then a restart's cuts: %d strikes, want 1 (the dial's)", n)
+		}
 	})
 }
