@@ -493,6 +493,10 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 			busy = 0
 		}
 		c.pool.learnLimit(reason, served, busy)
+	} else if len(live) > 0 {
+		// Draining, with queries still out: the server's cut teaches no
+		// limit, but shows a restart as any cut does.
+		c.pool.learnLimit(reason, served, 0)
 	}
 	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer}

@@ -15,7 +15,10 @@ type queryLimit struct {
 	small     int   // the answers before the last cut under minLearnedLimit
 	cutAt     int64 // unix ns of the server's last cut of a connection, busy or idle
 	cutServed int   // the answers before it
-	quietTill int64 // unix ns until which cuts teach nothing: the server restarted (see learnLimit)
+	// firstServed: the answers before the first of the cuts that came
+	// within restartWindow of each other up to the last
+	firstServed int
+	quietTill   int64 // unix ns until which cuts teach nothing: the server restarted (see learnLimit)
 	// n and until before the first of the cuts that came within
 	// restartWindow of each other up to the last one: what a restart
 	// among them takes back to, however many of them taught.
@@ -163,8 +166,11 @@ func (p *Pool) limitCut(served, most int, busy bool, now int64) int32 {
 	together := now-l.cutAt < int64(restartWindow)
 	if !together {
 		l.prevN, l.prevUntil = l.n.Load(), l.until.Load()
+		l.firstServed = served
 	}
-	if busy && refutesLimit(most, served) || together && !alike(served, l.cutServed) {
+	// Unlike the last cut, or the first of those together: a restart's cuts
+	// after 37, 36, 35 and 34 answers are each alike the one before.
+	if busy && refutesLimit(most, served) || together && (!alike(served, l.cutServed) || !alike(served, l.firstServed)) {
 		l.quietTill = now + int64(restartWindow)
 		l.n.Store(l.prevN) // a restart: take back what its first cuts taught
 		l.until.Store(l.prevUntil)

@@ -39,7 +39,18 @@ func TestServerRestartTeachesNoLimit(t *testing.T) {
 		case l != 0 && l < minLearnedLimit:
 			t.Errorf("Restarts taught a small query limit of %d: two like cuts in a row come of a restart too", l)
 		case l != 0:
-			t.Errorf("Restarts taught a query limit of %d", l)
+			// Every connection the restart cut had served about as many
+			// answers (37, 36, 36, 36: opened together after the last
+			// restart, each serving one query at a time), which is what a
+			// limit looks like too; about 1 run in 100 under the race
+			// detector. What the pool must do then is find out: its probe
+			// goes past the limit within limitProbeEvery, and drops it.
+			t.Logf("Restarts taught a query limit of %d: it must be re-tested and dropped", l)
+			more := offerFor(p, 3000, 4*time.Millisecond, func(i int) string { return fmt.Sprintf("r%d.example.", i) })
+			more()
+			if l := p.learned.limit.get(); l != 0 {
+				t.Errorf("A query limit of %d taught by the restarts held for %v after them, past limitProbeEvery (%v)", l, 3000*4*time.Millisecond, limitProbeEvery)
+			}
 		}
 		// The server is back at once: forward, dialling it for each query
 		// that finds no connection, fails none. The pool may fail one or
