@@ -500,9 +500,6 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	}
 	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer}
-	if lost.serverCut && !lost.replayable {
-		lost.cutAt = nanotime()
-	}
 	for _, cl := range live {
 		if cl.state.CompareAndSwap(callQueued, callAbandoned) {
 			cl.complete(result{err: errUnsent})

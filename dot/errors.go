@@ -60,11 +60,6 @@ type connLostError struct {
 	cause      error
 	replayable bool // the connection had answered before: a replay has a chance
 	serverCut  bool // the server closed it (CloseServer): maybe at a query limit not yet learned
-	// cutAt: unix ns when the server closed it before its first answer (0
-	// otherwise): replayable after all if that was a restart (Pool.restartAt),
-	// asked when the query's caller decides, by which time the server's cut of
-	// a connection that had answered may have been seen too
-	cutAt int64
 }
 
 func (e *connLostError) Error() string { return fmt.Sprintf("%v: %v", ErrConnLost, e.cause) }

@@ -80,8 +80,9 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 
 // replayable reports whether a query whose written attempt failed may be sent again:
 // only a plain QUERY (idempotent), only if its connection had answered before (a
-// connection that never answered tells nothing good about the next one, unless
-// the server closed it in a restart, see Pool.restartAt), only if
+// connection that never answered tells nothing good about the next one, even in
+// a restart: a query that made the server close its connection, and others
+// with it, is not sent again), only if
 // the caller still has time; a rescued query is not replayed (it was written
 // twice already). A replay whose connection the server cut in turn is
 // replayed again, up to maxReplays times in all: a server that cuts
@@ -91,7 +92,7 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 // an error ends the replays at one.
 func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	var lost *connLostError
-	if !errors.As(err, &lost) || !lost.replayable && (lost.cutAt == 0 || !p.restartAt(lost.cutAt)) || q.opcode != dns.OpcodeQuery || ctx.Err() != nil {
+	if !errors.As(err, &lost) || !lost.replayable || q.opcode != dns.OpcodeQuery || ctx.Err() != nil {
 		return false
 	}
 	if errors.Is(lost.cause, errBeyondLimit) {

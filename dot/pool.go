@@ -476,7 +476,10 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 // the restarted server (TestServerRestartTeachesNoLimit: 300-600 of 1,500
 // queries failed across three restarts in about half the runs). Such a cut
 // within restartWindow of one of a connection that had answered is a restart,
-// before or after it: it arms no backoff, or its strike is taken back.
+// before or after it: it arms no backoff, or its strike is taken back. Its
+// queries are not replayed: a query that made the server close its connection
+// (and others with it) must not be sent again (e2e TestHostileOversizedTCPQuery:
+// BIND got the oversized query twice when they were).
 func (p *Pool) noteServerCutLocked(now time.Time) {
 	p.answeredCut.Store(now.UnixNano())
 	if !p.redial.cutAt.IsZero() && now.Sub(p.redial.cutAt) < restartWindow {
@@ -485,8 +488,8 @@ func (p *Pool) noteServerCutLocked(now time.Time) {
 }
 
 // restartAt reports whether a connection the server closed before its first
-// answer, at unix ns at, was closed with one that had answered, within
-// restartWindow before or after: by a restart (see noteServerCutLocked).
+// answer, at unix ns at, was closed with one that had answered within
+// restartWindow before: by a restart (see noteServerCutLocked).
 func (p *Pool) restartAt(at int64) bool {
 	d := at - p.answeredCut.Load()
 	return max(d, -d) < int64(restartWindow)

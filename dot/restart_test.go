@@ -54,9 +54,9 @@ func TestServerRestartTeachesNoLimit(t *testing.T) {
 		}
 		// The server is back at once: forward, dialling it for each query
 		// that finds no connection, fails none. The pool may fail one or
-		// two a restart: the server closes its connections one after the
-		// other, and a query replayed onto the next to close, and the next,
-		// is out of replays (maxReplays; 4 runs in 200 failed 1 or 2). With
+		// two a restart: a query on a connection that had not answered yet
+		// is not replayed, and one replayed onto the next connection to
+		// close, and the next, is out of replays (maxReplays). With
 		// the restart's new connections taken for a server that refuses
 		// connections (a strike each), 300-600 failed in about half the
 		// runs, at once, for the backoff's time.
