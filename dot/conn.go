@@ -477,9 +477,10 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.bc.kill()
 	// The pool forgets the connection, learns from its end and arms its backoff
 	// before the queries move on, so that where they go reflects all of that.
-	if wasOpen {
+	if wasOpen || len(live) > 0 {
 		// Only a cut of a connection we were still feeding says anything about the
-		// server's limit: one that ends while draining was stopped by us first.
+		// server's limit: one that ends while draining was stopped by us first,
+		// though with queries still out it shows a restart as any cut does.
 		// Nor does one that came as a query reached a connection idle for
 		// idleRaceAfter or more: that is the server's idle timeout, counted as
 		// a cut of an idle connection (a sign of a restart if a busy one is cut
@@ -489,14 +490,10 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		// handshakes in 15 s, and under load a quarter of the queries
 		// unanswered (make bench-regimes, dnsdist-slow).
 		busy := len(live)
-		if idleRace {
+		if !wasOpen || idleRace {
 			busy = 0
 		}
 		c.pool.learnLimit(reason, served, busy)
-	} else if len(live) > 0 {
-		// Draining, with queries still out: the server's cut teaches no
-		// limit, but shows a restart as any cut does.
-		c.pool.learnLimit(reason, served, 0)
 	}
 	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer}

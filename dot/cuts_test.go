@@ -160,24 +160,7 @@ func TestSilentConnectionsTeachTheLimit(t *testing.T) {
 	}}
 	mod := func(c *Config) { c.MaxInflight = 30 }
 	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		// Timed fast, so that queries share connections; then out of
-		// order: the third answer overtakes the second.
-		if _, err := exchange(p, "warm.example."); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { _, err := exchange(p, "order.example."); done <- err }()
-		synctest.Wait() // written first
-		if _, err := exchange(p, "overtakes.example."); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
-		if m := p.Stats().Mode; m != ModeOutOfOrder {
-			t.Fatalf("Mode %v, want out of order", m)
-		}
+		warmOutOfOrder(t, p)
 		// 1,000 QPS for 300 ms: each connection takes 30 at most, and
 		// its server answers 19 of them before the slow one.
 		out := offer(p, 300, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })

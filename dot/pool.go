@@ -57,9 +57,9 @@ type Pool struct {
 	redial redial        // guarded by mu: the reconnect backoff
 	fds    fdCap         // guarded by mu: the cap after dials failed for lack of file descriptors
 	closed bool          // guarded by mu
-	// answeredCut, written under mu: unix ns when the server last closed a
-	// connection that had answered (see noteServerCutLocked)
-	answeredCut atomic.Int64
+	// answeredCut, guarded by mu: when the server last closed a connection
+	// that had answered (see noteServerCutLocked, backoff.go)
+	answeredCut time.Time
 
 	// Guarded by mu, unix ns (see firstDialBurst): the last query that came
 	// before the pool had a connection, and when the first dial (one with
@@ -447,7 +447,7 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 		p.noteServerCutLocked(now)
 	case life.failed(reason):
 		failure = fmt.Errorf("%w before its first answer (%s)", ErrConnLost, reason)
-		if reason == CloseServer && p.restartAt(now.UnixNano()) {
+		if reason == CloseServer && p.restartLocked(now) {
 			break // a restart (see noteServerCutLocked)
 		}
 		if p.redial.strike(failure, p.cfg.Backoff) && reason == CloseServer {
@@ -465,34 +465,6 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 	if failure != nil {
 		p.obs.Failed(failure)
 	}
-}
-
-// noteServerCutLocked records that the server closed a connection that had
-// answered, at now. A server that restarts (or reloads) closes every
-// connection at once, the new ones that have not answered yet too; taken for
-// a server that accepts connections and closes them, those armed the dial
-// backoff, and with every connection gone the pool failed its queries at once
-// (ErrUnavailable) for the backoff's 250 ms, where forward would have dialled
-// the restarted server (TestServerRestartTeachesNoLimit: 300-600 of 1,500
-// queries failed across three restarts in about half the runs). Such a cut
-// within restartWindow of one of a connection that had answered is a restart,
-// before or after it: it arms no backoff, or its strike is taken back. Its
-// queries are not replayed: a query that made the server close its connection
-// (and others with it) must not be sent again (e2e TestHostileOversizedTCPQuery:
-// BIND got the oversized query twice when they were).
-func (p *Pool) noteServerCutLocked(now time.Time) {
-	p.answeredCut.Store(now.UnixNano())
-	if !p.redial.cutAt.IsZero() && now.Sub(p.redial.cutAt) < restartWindow {
-		p.redial.forgive(now)
-	}
-}
-
-// restartAt reports whether a connection the server closed before its first
-// answer, at unix ns at, was closed with one that had answered within
-// restartWindow before: by a restart (see noteServerCutLocked).
-func (p *Pool) restartAt(at int64) bool {
-	d := at - p.answeredCut.Load()
-	return max(d, -d) < int64(restartWindow)
 }
 
 // slotFreed wakes callers waiting for capacity, if there are any.

@@ -97,7 +97,7 @@ func TestWrongQueryLimitUnlearned(t *testing.T) {
 
 // A restart's strike is taken back, and only it: the server's cut of a
 // connection that had not answered, then of one that had, within
-// restartWindow, leaves no strike; but such a cut while the backoff is armed
+// restartWindow, leaves no strike (and the other way round arms none); but such a cut while the backoff is armed
 // by a failed dial is of that episode, and the dial's strike stays.
 func TestRestartForgivesOnlyItsOwnStrike(t *testing.T) {
 	bubble(t, dottest.Options{}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
@@ -111,6 +111,12 @@ func TestRestartForgivesOnlyItsOwnStrike(t *testing.T) {
 			t.Fatalf("A restart's cuts: %d strikes, want 0 (taken back)", n)
 		}
 		time.Sleep(time.Second) // past the restart window
+		cut(3)
+		cut(0)
+		if n := p.Stats().Strikes; n != 0 {
+			t.Fatalf("A restart's cuts, the answered one's first: %d strikes, want 0 (none armed)", n)
+		}
+		time.Sleep(time.Second)
 		p.mu.Lock()
 		p.redial.strike(errors.New("dial refused"), p.cfg.Backoff)
 		p.mu.Unlock()
