@@ -286,6 +286,32 @@ func TestPaddingOnTheWireAndKeepalive(t *testing.T) {
 	})
 }
 
+// The server's keepalive timeout, heard on one connection, holds for the
+// connections opened before it was heard: a spare that carries no query hears
+// it never, and the server would close it first (e2e
+// TestUpstreamKeepaliveTimeout: 3 idle closes by the pool, 1 by unbound).
+func TestKeepaliveLowersEveryConnection(t *testing.T) {
+	heard := newBareConn(t, 64)
+	p := heard.pool
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	bc := &batchConn{Conn: a}
+	spare := newConn(p, tls.Client(bc, p.tls), bc)
+	p.mu.Lock()
+	p.conns.Store(&[]*conn{heard, spare})
+	p.mu.Unlock()
+	heard.keepalive(3) // 300ms
+	want := idleWithin(300 * time.Millisecond)
+	for name, c := range map[string]*conn{"heard it": heard, "is a spare": spare} {
+		c.mu.Lock()
+		idle := c.idle
+		c.mu.Unlock()
+		if idle != want {
+			t.Errorf("The connection that %s: idle timeout %v, want %v", name, idle, want)
+		}
+	}
+}
+
 // A keepalive timeout of 0 means: send nothing more, close once answers are in.
 func TestKeepaliveZeroDrains(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

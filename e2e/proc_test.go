@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -135,37 +133,6 @@ func poll(timeout time.Duration, p *proc, cond func() error) error {
 		<-tick.C
 	}
 }
-
-var (
-	portsMu sync.Mutex
-	ports   = map[int]bool{} // ports handed out in this run, never reused
-)
-
-// freePort returns a port on 127.0.0.1 that is free for both TCP and UDP now.
-func freePort(t testing.TB) int {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("Listen for a free port: %v", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, uerr := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if uerr != nil || ports[port] {
-			continue
-		}
-		u.Close()
-		ports[port] = true
-		return port
-	}
-	t.Fatalf("No port free for both TCP and UDP after 50 tries")
-	return 0
-}
-
-func addr(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
 
 // installHint is how to get a missing tool.
 const installHint = "run scripts/install-deps.sh (or `make test`, which runs it) to install the servers and clients the end-to-end tests need"
