@@ -352,6 +352,9 @@ measure() {
 	# Keep dnsperf's summary only: the per-query lines run to megabytes per run.
 	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
 	rm -f "$WORK/$tag.out"
+	# The front's own counters at the end of the run (closes by reason, mode
+	# changes, rescues...): what explains a run that missed its targets.
+	http_get "$METRICS_PORT" /metrics | grep -E '^coredns_(dotforward|proxy|forward)_' >"$WORK/$tag.metrics" || true
 	stop_pid "$FRONT_PID"
 	if [ "$kind" = churn ]; then stop_pid "$FAKE_PID"; fi
 	local q c l
@@ -662,6 +665,9 @@ regime_run() {
 		die "could not parse $WORK/$tag.out"
 	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
 	rm -f "$WORK/$tag.out"
+	# The front's own counters at the end of the run (closes by reason, mode
+	# changes, rescues...): what explains a run that missed its targets.
+	http_get "$METRICS_PORT" /metrics | grep -E '^coredns_(dotforward|proxy|forward)_' >"$WORK/$tag.metrics" || true
 	stop_pid "$FRONT_PID"
 	local p
 	for p in "${REG_STOP[@]}"; do stop_pid "$p"; done
@@ -764,6 +770,9 @@ hedge_run() {
 		>>"$WORK/hedge.jsonl" || die "could not parse $WORK/$tag.out"
 	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
 	rm -f "$WORK/$tag.out"
+	# The front's own counters at the end of the run (closes by reason, mode
+	# changes, rescues...): what explains a run that missed its targets.
+	http_get "$METRICS_PORT" /metrics | grep -E '^coredns_(dotforward|proxy|forward)_' >"$WORK/$tag.metrics" || true
 	stop_pid "$FRONT_PID"
 	stop_pid "$b_pid"
 	stop_pid "$a_pid"

@@ -473,3 +473,54 @@ func TestIdleTimeoutRaceTeachesNoLimit(t *testing.T) {
 		}
 	})
 }
+
+// The connections an in-order pool keeps for the load of the last few
+// seconds (keepInOrder) stay in use, each in turn, so that a server that
+// closes idle connections finds none idle: taken always oldest first, those
+// beyond the steady load's need sat idle, and the burst they were kept for
+// found them cut (dnsdist closes client connections idle for 2 s: 134 such
+// closes in one dnsdist-slow run, and the bursts waited for dials).
+func TestWarmConnectionsTakenInTurn(t *testing.T) {
+	const idle = 500 * time.Millisecond
+	opts := dottest.Options{InOrder: true, IdleCut: idle, Delay: func(dns.Question) time.Duration { return 5 * time.Millisecond }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		n := 0
+		burst := func(k int) {
+			var wg sync.WaitGroup
+			for range k {
+				n++
+				name := fmt.Sprintf("q%d.example.", n)
+				wg.Go(func() {
+					if _, err := exchange(p, name); err != nil {
+						t.Errorf("%s: %v", name, err)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		for i := 0; p.learned.mode.get() != ModeInOrder; i++ {
+			if i == 20 {
+				t.Fatalf("Mode %v after 20 bursts of 30, want in order", p.learned.mode.get())
+			}
+			burst(30)
+		}
+		// A steady query every 10 ms for 2 s (one outstanding at a time),
+		// then the burst the kept connections are for.
+		for range 200 {
+			burst(1)
+			time.Sleep(10 * time.Millisecond)
+		}
+		cuts, before := rec.get(func(r *recorder) int { return r.closes[CloseServer] }), s.Handshakes()
+		if cuts != 0 {
+			t.Errorf("%d connections closed by the server for idleness during the steady load, want 0", cuts)
+		}
+		open := len(*p.conns.Load())
+		burst(open - 2) // with the steady query, fewer than the pool kept
+		if c := rec.get(func(r *recorder) int { return r.closes[CloseServer] }); c != 0 {
+			t.Errorf("%d connections closed by the server for idleness by the burst's end, want 0", c)
+		}
+		if h := s.Handshakes() - before; h != 0 {
+			t.Errorf("A burst of %d dialled %d connections, want 0: the pool kept %d", open-2, h, open)
+		}
+	})
+}

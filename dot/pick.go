@@ -153,8 +153,9 @@ func leastLoadedBlocked(conns []*conn, slots int32) (*conn, int32) {
 	return best, load
 }
 
-// pickIdle, when queries go one to a connection (oneEach), registers cl on the
-// oldest connection with nothing outstanding. If there is none it returns nil,
+// pickIdle, when queries go one to a connection (oneEach), registers cl on a
+// connection with nothing outstanding: the warm ones in turn, then the oldest
+// (see warmOrder). If there is none it returns nil,
 // so that the caller waits for a connection dialled for it or the first to
 // become idle (dialForWaiter: a query written behind another waits for it); if
 // no dial may start, it registers cl on the least loaded one (the one written
@@ -179,7 +180,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
-		for _, c := range *p.conns.Load() {
+		conns := *p.conns.Load()
+		warm, turn := p.warmOrder(len(conns))
+		for i := range conns {
+			c := conns[inTurn(i, warm, turn)]
 			if !c.accepts(c.avail(), cl) {
 				continue
 			}
@@ -238,6 +242,32 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		}
 	}
 	return nil
+}
+
+// warmOrder returns how many of the n oldest connections pickIdle takes in
+// turn (the warm ones: what the last few seconds' load needed, see
+// keepInOrder) and where this pick's turn starts among them. Taken always
+// oldest first, the warm connections beyond the load's usual need sat idle,
+// and a server that closes idle connections (dnsdist: after 2 s) closed them:
+// 134 such closes in a dnsdist-slow run, and the burst they were kept for
+// found them gone and waited for dials. Taken in turn, each carries a query
+// every few milliseconds, as forward's do; the newer ones, beyond, are taken
+// only when the warm ones are busy, and close when idle (sweepAll).
+func (p *Pool) warmOrder(n int) (warm, turn int) {
+	warm = min(int(p.warm.Load()), n)
+	if warm < 2 {
+		return 0, 0
+	}
+	return warm, int(p.warmTurn.Add(1) % uint32(warm))
+}
+
+// inTurn is the connection pickIdle looks at i-th: the warm ones from turn
+// on, round, then the rest in creation order.
+func inTurn(i, warm, turn int) int {
+	if i >= warm {
+		return i
+	}
+	return (i + turn) % warm
 }
 
 // burstSince is, before the pool's first answer, the time after which a

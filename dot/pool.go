@@ -32,6 +32,8 @@ type Pool struct {
 	needed        atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	arriving      atomic.Int32            // from the sweeper: queries that come in one dial's time (sizing.go)
+	warm          atomic.Int32            // from the sweeper: how many of the oldest connections an in-order pool keeps, taken in turn (see pickIdle)
+	warmTurn      atomic.Uint32           // where pickIdle's turn over the warm connections starts next
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
 	sharers       atomic.Int32            // of the waiters, those that share the pool's first dial: owed no dial of their own (see firstDialBurst)

@@ -344,9 +344,12 @@ func (p *Pool) sweepAll(now int64, conns []*conn) {
 	n := countConns(conns)
 	surplus := n.open()
 	if p.oneEach() {
-		surplus -= p.sizer.keepInOrder()
+		keep := p.sizer.keepInOrder()
+		surplus -= keep
+		p.warm.Store(int32(keep))
 	} else {
 		surplus -= p.capConns()
+		p.warm.Store(0)
 	}
 	for i := len(conns) - 1; i >= 0; i-- {
 		var idle time.Duration
