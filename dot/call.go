@@ -31,6 +31,12 @@ type call struct {
 	callerDeadline bool  // deadline is the caller's, not ReadTimeout
 	rescuable      bool  // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
 	avoid          *conn // a rescue's blocked connection, which pick skips; immutable
+	// within: a replay of a query whose connection the server cut after
+	// this many answers goes only to a connection that took fewer queries
+	// (conn.taken), as long as one takes it (see Pool.pick); 0: anywhere.
+	// Only where queries are pipelined (pickInTurn): one to a connection,
+	// none is outstanding when a server cuts it after an answer.
+	within int32
 	// waited: it waited for a connection (acquireSlow), so that its pick is
 	// no arrival, which a burst is made of; firstDial: it is of a burst that
 	// shares the pool's first dial, waits for that connection and counts in

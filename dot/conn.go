@@ -29,6 +29,7 @@ type conn struct {
 	born   int64         // unix ns
 
 	load      atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
+	taken     atomic.Int32 // accepted, for pick's lock-free read (see call.within); written under mu
 	unusable  atomic.Bool  // closed, draining or failed to write; written under mu
 	closed    atomic.Bool  // closed; written under mu (before unusable)
 	nearEnd   atomic.Bool  // half the learned query limit taken, or near MaxAge: time to dial its successor
@@ -162,6 +163,7 @@ func (c *conn) register(cl *call) bool {
 	}
 	c.load.Store(int32(len(c.calls)))
 	c.accepted++
+	c.taken.Store(int32(c.accepted))
 	cl.nth = c.accepted
 	c.checkQueryLimitLocked()
 	c.mu.Unlock()
@@ -509,7 +511,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		c.pool.learnLimit(reason, served, busy)
 	}
 	c.pool.connClosed(c, reason, life)
-	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer}
+	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer, served: served}
 	for _, cl := range live {
 		if cl.state.CompareAndSwap(callQueued, callAbandoned) {
 			cl.complete(result{err: errUnsent})

@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -379,5 +381,52 @@ func TestRescuesTakeIdleConnsAlone(t *testing.T) {
 	}
 	if !c.register(newTestCall(q)) {
 		t.Error("A query that is no rescue was refused by a connection with room")
+	}
+}
+
+// A replay of a query whose connection the server cut after N answers goes,
+// where queries are pipelined, only to a connection that took fewer than N
+// queries, if one is open; else where any query would. Piled together onto the
+// next connection, a cut connection's queries were cut there again, and again,
+// until they ran out of replays (property seed 105: 88 of 555 failed where
+// forward answered all).
+func TestReplayGoesWithinItsCut(t *testing.T) {
+	first := newBareConn(t, 64)
+	p := first.pool
+	p.cfg.MaxConns = 4 // pipelined from the start: pick is pickInTurn
+	conns := []*conn{first}
+	for range 2 {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		bc := &batchConn{Conn: a}
+		conns = append(conns, newConn(p, tls.Client(bc, p.tls), bc))
+	}
+	p.mu.Lock()
+	p.conns.Store(&conns)
+	p.mu.Unlock()
+	take := func(c *conn, n int) {
+		for range n {
+			if !c.register(newTestCall(mustPrepare(t, "taken.example."))) {
+				t.Fatal("register failed")
+			}
+		}
+	}
+	take(conns[0], 9) // past the cut of 8: a server cutting there would cut it
+	take(conns[1], 8) // at it: likewise
+	take(conns[2], 7) // one more is the 8th: served before the cut
+
+	q := mustPrepare(t, "replayed.example.")
+	q.noteCut(&connLostError{cause: io.EOF, replayable: true, serverCut: true, served: 8})
+	q.noteCut(&connLostError{cause: io.EOF, replayable: true, serverCut: true, served: 12}) // a later, larger cut keeps the fewest
+	cl := newTestCall(q)
+	cl.within = q.cutAfter
+	if got := p.pick(cl); got != conns[2] {
+		t.Errorf("The replay of a query cut after 8 answers went to connection %d, want 2, the one that took 7", slices.Index(conns, got))
+	}
+	// Now every connection took 8 or more: it goes where any query would.
+	cl = newTestCall(q)
+	cl.within = q.cutAfter
+	if got := p.pick(cl); got != conns[0] {
+		t.Errorf("With no connection within the cut, the replay went to connection %d, want 0 (the oldest with room)", slices.Index(conns, got))
 	}
 }

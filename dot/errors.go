@@ -60,6 +60,7 @@ type connLostError struct {
 	cause      error
 	replayable bool // the connection had answered before: a replay has a chance
 	serverCut  bool // the server closed it (CloseServer): maybe at a query limit not yet learned
+	served     int  // the answers the server served on it before its close
 }
 
 func (e *connLostError) Error() string { return fmt.Sprintf("%v: %v", ErrConnLost, e.cause) }

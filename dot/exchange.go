@@ -3,6 +3,7 @@ package dot
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"time"
 
@@ -69,6 +70,7 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 		case p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
 			q.resent = true // no rescue after a replay
 			q.replays++
+			q.noteCut(res.err)
 			p.obs.Replayed()
 		case errors.Is(res.err, errUnsent):
 			return nil, wrap(ErrConnLost, res.err)
@@ -111,6 +113,24 @@ func (p *Pool) replayable(ctx context.Context, q *query, err error) bool {
 	return q.replays < maxReplays && lost.serverCut
 }
 
+// noteCut notes the answers after which the server cut the connection of q's
+// attempt that failed with err, if it did: q's replays go only where a
+// server cutting there would not cut them too (see call.within). Until the
+// pool learns a limit (two like cuts, or one past minLearnedLimit), a
+// connection's worth of queries pipelined onto an out-of-order upstream that
+// cuts connections after a few answers was cut, replayed onto one other
+// connection together, cut there again, and ran out of replays (property
+// seed 105: 88 of 555 queries failed where forward answered all).
+func (q *query) noteCut(err error) {
+	var lost *connLostError
+	if errors.As(err, &lost) && lost.serverCut && lost.served > 0 {
+		n := int32(min(lost.served, math.MaxInt32))
+		if q.cutAfter == 0 || n < q.cutAfter {
+			q.cutAfter = n
+		}
+	}
+}
+
 // maxReplays is how often a query is replayed at most.
 const maxReplays = 3
 
@@ -135,6 +155,7 @@ func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call 
 	q.firstUsed = true
 	cl.q, cl.resp = q, p.respChans.Get().(chan result)
 	cl.rescuable = !q.resent && q.opcode == dns.OpcodeQuery
+	cl.within = q.cutAfter
 	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 		deadline = d
 	}

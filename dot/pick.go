@@ -40,7 +40,15 @@ func (p *Pool) pick(cl *call) *conn {
 	if p.oneEach() {
 		return p.pickIdle(cl)
 	}
-	return p.pickInTurn(cl)
+	c := p.pickInTurn(cl)
+	if c == nil && cl.within != 0 {
+		// No open connection took fewer queries than the replay's cut came
+		// after: it goes where any query would, rather than wait for one
+		// the out-of-order sizing may not open.
+		cl.within = 0
+		c = p.pickInTurn(cl)
+	}
+	return c
 }
 
 // oneEach reports whether each query goes to a connection of its own (or
@@ -99,7 +107,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			if p.countsTowardCap(a) {
 				counted++
 			}
-			if !c.accepts(a, cl) {
+			if !c.accepts(a, cl) || cl.within != 0 && c.taken.Load() >= cl.within {
 				continue
 			}
 			l := c.load.Load()

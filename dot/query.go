@@ -31,8 +31,9 @@ type query struct {
 	// only touched by the goroutine running the exchange.
 	first     call
 	firstUsed bool
-	resent    bool // written a second time (rescued or replayed): never rescued
-	replays   int  // replays after a server cut the connection (see Pool.exchange)
+	resent    bool  // written a second time (rescued or replayed): never rescued
+	replays   int32 // replays after a server cut the connection (see Pool.exchange)
+	cutAfter  int32 // the fewest answers after which a server cut a connection q was on; 0: none (see call.within)
 
 	// fl is the flight q leads, if it leads one: identical queries wait for its
 	// answer (see coalesce.go). Its zero value is no flight.
