@@ -39,6 +39,7 @@ type conn struct {
 	wroteAt   atomic.Int64 // unix ns of the last write of queries
 	servedAt  atomic.Int64 // unix ns when lastServed last rose; written under mu, read lock-free by watchSilence
 	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
+	takenAt   atomic.Int64 // unix ns when it was given its first query; written under mu (see pickInTurn)
 	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
@@ -165,6 +166,9 @@ func (c *conn) register(cl *call) bool {
 	c.load.Store(int32(len(c.calls)))
 	c.accepted++
 	cl.nth = c.accepted
+	if c.accepted == 1 {
+		c.takenAt.Store(nanotime())
+	}
 	c.checkQueryLimitLocked()
 	c.mu.Unlock()
 	c.lastUsed.Store(c.pool.clock.Load())
