@@ -289,7 +289,7 @@ func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 }
 
 // release ends the caller's interest in cl: a live call is given up (and c
-// closed if nothing else it holds is awaited), else the result that
+// closed if its caller gave up every call it holds), else the result that
 // completed it is received and returned, an answer in particular.
 // It reports whether there was one. lost is set when the query's other attempt
 // won: then the late answer is dropped as rescued, and, for the original of a
@@ -297,16 +297,19 @@ func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 func (c *conn) release(cl *call, lost bool, wonAt int64) (result, bool) {
 	c.mu.Lock()
 	live := c.calls[cl.id] == cl && cl.tombUntil == 0 && c.state != stateClosed
-	// given: c now holds only calls given up (see rescuedOnlyLocked). It
-	// closes now, as forward closes a connection on its read timeout, not
-	// at the next full sweep: the upstream counts it open until then, and
-	// each query given up so kept one more open at once than forward did
-	// (property seeds 40 and 87, with as many dials as the model).
+	// given: its caller gave cl up (its deadline), and c now holds only
+	// calls given up (see rescuedOnlyLocked). It closes now, as forward
+	// closes a connection on its read timeout, not at the next full sweep:
+	// the upstream counts it open until then, and each query given up so
+	// kept one more open at once than forward did (property seeds 40 and
+	// 87, with as many dials as the model). Not so the original of a
+	// rescue that won (lost): its late answer, if it comes before that
+	// sweep, is judged as evidence of in order (judgeLocked).
 	given := false
 	if live {
 		cl.lost, cl.wonAt = lost, wonAt
 		c.giveUpLocked(cl, nanotime())
-		given = c.rescuedOnlyLocked()
+		given = !lost && c.rescuedOnlyLocked()
 	}
 	c.mu.Unlock()
 	if live {
