@@ -40,6 +40,7 @@ type conn struct {
 	wroteAt   atomic.Int64 // unix ns of the last write of queries
 	servedAt  atomic.Int64 // unix ns when lastServed last rose; written under mu, read lock-free by watchSilence
 	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
+	takenAt   atomic.Int64 // unix ns when it was given its first query; written under mu (see pickInTurn)
 	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
@@ -165,6 +166,9 @@ func (c *conn) register(cl *call) bool {
 	c.accepted++
 	c.taken.Store(int32(c.accepted))
 	cl.nth = c.accepted
+	if c.accepted == 1 {
+		c.takenAt.Store(nanotime())
+	}
 	c.checkQueryLimitLocked()
 	c.mu.Unlock()
 	c.lastUsed.Store(c.pool.clock.Load())
@@ -284,17 +288,28 @@ func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 	return c.release(cl, false, 0)
 }
 
-// release ends the caller's interest in cl: a live call is given up, else the
-// result that completed it is received and returned, an answer in particular.
+// release ends the caller's interest in cl: a live call is given up (and c
+// closed if its caller gave up every call it holds), else the result that
+// completed it is received and returned, an answer in particular.
 // It reports whether there was one. lost is set when the query's other attempt
 // won: then the late answer is dropped as rescued, and, for the original of a
 // rescue that won at wonAt, judged (see judgeLocked).
 func (c *conn) release(cl *call, lost bool, wonAt int64) (result, bool) {
 	c.mu.Lock()
 	live := c.calls[cl.id] == cl && cl.tombUntil == 0 && c.state != stateClosed
+	// given: its caller gave cl up (its deadline), and c now holds only
+	// calls given up (see rescuedOnlyLocked). It closes now, as forward
+	// closes a connection on its read timeout, not at the next full sweep:
+	// the upstream counts it open until then, and each query given up so
+	// kept one more open at once than forward did (property seeds 40 and
+	// 87, with as many dials as the model). Not so the original of a
+	// rescue that won (lost): its late answer, if it comes before that
+	// sweep, is judged as evidence of in order (judgeLocked).
+	given := false
 	if live {
 		cl.lost, cl.wonAt = lost, wonAt
 		c.giveUpLocked(cl, nanotime())
+		given = !lost && c.rescuedOnlyLocked()
 	}
 	c.mu.Unlock()
 	if live {
@@ -303,6 +318,9 @@ func (c *conn) release(cl *call, lost bool, wonAt int64) (result, bool) {
 		select {
 		case <-cl.resp:
 		default:
+		}
+		if given {
+			c.closeFor(errRescuedOnly, CloseDrain)
 		}
 		c.pool.slotFreed()
 		return result{}, false

@@ -97,6 +97,34 @@ func TestSmallLimitDialsForTheWaitingQueries(t *testing.T) {
 	})
 }
 
+// A server that cuts every connection after six answers, under a light load
+// (a query every 10 ms, answered in 1 ms): a connection past half the
+// learned limit has its successor dialled, once. The successor waits its turn
+// (connections are filled in turn); dialling another for each query past half
+// the limit, as long as fewer than the cap took queries, kept the cap's worth
+// of idle successors open, more than forward, which holds one connection for
+// one query at a time (property seed 155: 6 connections against 5).
+func TestLimitedSuccessorDialledOnce(t *testing.T) {
+	opts := dottest.Options{CloseAfter: 6, Delay: func(dns.Question) time.Duration { return time.Millisecond }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warm := offer(p, 100, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
+		if l := p.learned.limit.get(); l != 5 {
+			t.Fatalf("Learned limit %d after the warm-up, want 5", l)
+		}
+		time.Sleep(time.Second) // the warm-up's spares close
+		sm := sample(p)
+		out := offer(p, 60, 10*time.Millisecond, func(i int) string { return fmt.Sprintf("r%d.example.", i) })
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return 10 * time.Millisecond })
+		// The one being filled and its successor; a third while the
+		// drained one's close and the next successor's dial overlap.
+		if n := sm.conns.Load(); n > 3 {
+			t.Errorf("Up to %d connections open, want at most 3 (one in use, its successor, one closing)", n)
+		}
+	})
+}
+
 // A server whose keepalive tells a one-second idle timeout closes an unused
 // spare after 600 ms: closed for idleness, not refused (half the told timeout
 // had passed), it arms no backoff, and the next query is answered on a new

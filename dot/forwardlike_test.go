@@ -1,6 +1,8 @@
 package dot
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -125,6 +127,43 @@ func TestInOrderConnectionWithOnlyRescuedQueriesCloses(t *testing.T) {
 	if v := c.closeCauseLocked(now, cl, nil, 0); v.reason != CloseDrain {
 		t.Errorf("In order, only a rescued query outstanding: close reason %v, want %v", v.reason, CloseDrain)
 	}
+}
+
+// While the mode is unknown and the upstream slow, a connection whose only
+// query its caller gave up (its deadline) closes as the caller gives up, as
+// forward closes one on its read timeout, and not at the next full sweep (up
+// to sweepInterval later): the upstream counts it open meanwhile, and every
+// query that times out so added to the connections open at once (property
+// seed 87: 136 against the model's 126, with as many dials).
+func TestGivenUpConnectionClosesWithItsCaller(t *testing.T) {
+	const service, slow, handshake = 30 * time.Millisecond, 3 * time.Second, time.Millisecond
+	delay := func(q dns.Question) time.Duration {
+		if q.Name == "slow.example." {
+			return slow
+		}
+		return service
+	}
+	bubble(t, dottest.Options{Delay: delay}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		if !p.slowUnknown() {
+			t.Fatalf("Usual answer time %v: not slow, the test needs it so", time.Duration(p.learned.mode.usual.Load()))
+		}
+		// A deadline off the sweeper's ticks: a full sweep at that very
+		// instant would close the connection too.
+		ctx, cancel := context.WithTimeout(context.Background(), 173*time.Millisecond+300*time.Microsecond)
+		defer cancel()
+		if _, err := p.Exchange(ctx, newQuery("slow.example.", dns.TypeA)); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("The slow query: %v, want its deadline", err)
+		}
+		if st := p.Stats(); st.Conns != 0 {
+			t.Errorf("%d connections open as the caller gave up its only query, want 0", st.Conns)
+		}
+		if n := rec.get(func(r *recorder) int { return r.closes[CloseDrain] }); n != 1 {
+			t.Errorf("%d connections closed for a drain, want 1", n)
+		}
+	})
 }
 
 // A server that cuts every connection after three answers, however many

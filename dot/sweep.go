@@ -244,7 +244,9 @@ func earliest(oldest, next, cl *call) (*call, *call) {
 // While the mode is unknown and the upstream slow (slowUnknown), a connection
 // whose every query was given up (timed out) is closed too, as forward closes
 // one on a read timeout: it takes no query until its late answers come,
-// which may be never. c.mu must be held.
+// which may be never. Asked as a caller gives a call up (conn.release) and
+// on the full sweeps (a rescue won, a call timed out there, or the mode
+// changed). c.mu must be held.
 func (c *conn) rescuedOnlyLocked() bool {
 	slow := c.pool.slowUnknown()
 	if len(c.calls) == 0 || !slow && c.pool.learned.mode.get() != ModeInOrder {
