@@ -49,6 +49,7 @@ func TestDesignNumbers(t *testing.T) {
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
+		"minQueueDepth":            minQueueDepth,
 		"rescueShare":              rescueShare,
 		"maxRescueBurst":           maxRescueBurst,
 		"maxParallelDials":         maxParallelDials,
