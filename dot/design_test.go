@@ -49,7 +49,6 @@ func TestDesignNumbers(t *testing.T) {
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
-		"minQueueDepth":            minQueueDepth,
 		"rescueShare":              rescueShare,
 		"maxRescueBurst":           maxRescueBurst,
 		"maxParallelDials":         maxParallelDials,

@@ -98,21 +98,16 @@ func (p *Pool) slowUnknown() bool {
 // at each end, whatever its size.
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
-	depth := p.queueDepth()           // the queries one is given: slots or fewer
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
 		var best, quiet *conn
 		var load, quietLoad int32
 		near, more := false, false // best is near its end; every connection with room is quiet
 		spares := 0                // newer connections than best that take queries with none outstanding
 		counted := 0               // connections that count toward the cap
-		served := int64(0)         // unix ns of the latest answer that served a connection's next query
 		for _, c := range *p.conns.Load() {
 			a := c.avail()
 			if p.countsTowardCap(a) {
 				counted++
-			}
-			if depth < slots {
-				served = max(served, c.servedAt.Load())
 			}
 			if !c.accepts(a, cl) || cl.within != 0 && c.taken.Load() >= cl.within {
 				continue
@@ -123,7 +118,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 				if a == availTaking && l == 0 {
 					spares++
 				}
-			case l >= depth:
+			case l >= slots:
 			case a != availQuiet:
 				best, load, near = c, l, a == availNearEnd
 			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
@@ -145,13 +140,6 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			// resumes, as forward's would be, not an answer time or a
 			// move later (issue 21, seed 97).
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
-		}
-		if best == nil && depth < slots && p.servedLately(served) {
-			// Every connection with room holds a queue that, were the
-			// upstream in order, would take longer than a dial, and
-			// queues are being served: the query goes as pickIdle sends
-			// it (an idle connection, or a dial of its own).
-			return p.pickIdle(cl)
 		}
 		if best == nil {
 			return nil
@@ -177,50 +165,6 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		}
 	}
 	return nil
-}
-
-// queueDepth is how many queries pickInTurn puts on one connection: MaxInflight,
-// or, while the mode is unknown (the cap auto), as many as an in-order
-// upstream would serve in a dial's time (the dial time over the usual answer
-// time). A query written behind as many others would wait, were the upstream
-// in order, longer than a connection of its own costs; forward would have
-// dialled one for it, and the pool does (pickIdle, dialForWaiter: one dial per
-// waiting query, so never more connections than forward's one per query out).
-//
-// Not while that is fewer than two: a query then waits behind one other about
-// as long as for a dial, and the answers of queries written behind others are
-// what the mode is learned from (in order: slow gaps, waited answers; out of
-// order: inversions). A pool that dialled for every second query learned
-// neither, and held twice the connections of an upstream whose one CPU serves
-// every connection in turn (TestRegimeBusyTurnsUpstream). Nor while the
-// upstream as a whole read nothing for two answer times (and two ticks, see
-// servingAt): it paused, and more connections would not shorten the pause
-// (TestPausingUpstreamKeepsFewConnections). Until the first answer and the
-// first dial are timed, a query each anyway (slowUnknown).
-func (p *Pool) queueDepth() int32 {
-	slots := int32(p.cfg.MaxInflight)
-	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
-		return slots
-	}
-	u, d := p.learned.mode.usual.Load(), p.dialTime.Load()
-	if u == 0 || d < minQueueDepth*u || nanotime()-p.servingAt.Load() > max(2*u, int64(2*minWatchInterval)) {
-		return slots
-	}
-	return int32(min(d/u, int64(slots)))
-}
-
-// minQueueDepth: below this many queries in a dial's time, queueDepth puts no
-// bound on a connection's queue (see there).
-const minQueueDepth = 2
-
-// servedLately reports whether a connection's queue was served (its next
-// query answered, at served) within two usual answer times (a millisecond at
-// least): queues then move, one answer time a query. When the upstream
-// resumes after a pause, every answer due comes at once; the tick's view
-// (servingAt, in queueDepth) lags that by a tick, and this one, exact, does
-// not see the pause that made the queues: both are asked.
-func (p *Pool) servedLately(served int64) bool {
-	return nanotime()-served < max(2*p.learned.mode.usual.Load(), int64(time.Millisecond))
 }
 
 // leastLoadedBlocked returns the least loaded blocked connection of conns

@@ -40,7 +40,6 @@ type Pool struct {
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
 	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
 	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
-	servingAt     atomic.Int64            // readsGrewAt, for the hot path (see queueDepth)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
 	respChans     *sync.Pool              // see newRespChans

@@ -103,11 +103,6 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 		return false
 	}
 	capConns := p.capConns()
-	if waiter && p.cfg.MaxConns == 0 && p.learned.mode.get() == ModeUnknown {
-		// A query that would wait longer behind others than for a
-		// dial (queueDepth): the cap in order, as for slowUnknown.
-		capConns = AutoMaxConnsInOrder
-	}
 	if p.oneEach() && p.cfg.MaxConns == 0 && !waiter {
 		// What the load needs, as the sweeper last saw it; a query that
 		// waits for a connection of its own is what the load needs now.
@@ -123,7 +118,7 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 			capConns = max(capConns, taking+p.limitedDemand())
 		}
 	}
-	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(max(p.capConns(), min(capConns, AutoMaxConnsInOrder))) {
+	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
 		return false
 	}
 	if !p.fds.grant(len(conns)+p.dials, time.Now()) {

@@ -295,7 +295,6 @@ func (p *Pool) sweepLoop() {
 		busy, reads := p.watch(now, max(now-due, 0), conns)
 		if reads > p.sizer.total {
 			p.readsGrewAt = now // before size, which takes the new total
-			p.servingAt.Store(now)
 		}
 		sweep := now >= next
 		if sweep {
