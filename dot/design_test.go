@@ -38,6 +38,7 @@ func TestDesignNumbers(t *testing.T) {
 		"inOrderHeadroom":          inOrderHeadroom,
 		"inOrderSpares":            inOrderSpares,
 		"inOrderIdle":              inOrderIdle,
+		"inOrderKeep":              inOrderKeep,
 		"learnedTTL":               learnedTTL,
 		"minLearnedLimit":          minLearnedLimit,
 		"maxReplays":               maxReplays,

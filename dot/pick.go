@@ -272,7 +272,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 }
 
 // warmOrder returns how many of the n oldest connections pickIdle takes in
-// turn (the warm ones: what the last few seconds' load needed, see
+// turn (the warm ones: what the load needed over the last inOrderKeep, see
 // keepInOrder) and where this pick's turn starts among them. Taken always
 // oldest first, the warm connections beyond the load's usual need sat idle,
 // and a server that closes idle connections (dnsdist: after 2 s) closed them:

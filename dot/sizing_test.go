@@ -52,9 +52,10 @@ func TestPausingUpstreamKeepsFewConnections(t *testing.T) {
 	})
 }
 
-// An in-order upstream's pool follows its load down as well as up: a few
-// seconds after a burst that needed a score of connections, a light load keeps
-// a few, not everything the burst opened until IdleTimeout (8 s).
+// An in-order upstream's pool follows its load down as well as up: once
+// inOrderKeep (10 s, as long as forward keeps a connection unused) has passed
+// since a burst that needed a score of connections, a light load keeps a few,
+// not everything the burst opened.
 func TestInOrderPoolShrinksWithLoad(t *testing.T) {
 	const service = 5 * time.Millisecond
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
@@ -62,12 +63,12 @@ func TestInOrderPoolShrinksWithLoad(t *testing.T) {
 		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
 		checkOutcomes(t, offer(p, 2000, 250*time.Microsecond, name), func(string) time.Duration { return time.Second })
 		burst := p.Stats().Conns
-		checkOutcomes(t, offer(p, 600, 10*time.Millisecond, name), func(string) time.Duration { return 2 * service })
+		checkOutcomes(t, offer(p, 1200, 10*time.Millisecond, name), func(string) time.Duration { return 2 * service })
 		if m := p.Stats().Mode; m != ModeInOrder {
 			t.Fatalf("Mode = %v, want %v", m, ModeInOrder)
 		}
 		if c := p.Stats().Conns; burst < 10 || c > 4 {
-			t.Errorf("%d connections after 6 s at 100 QPS (one at a time), %d after 4,000 QPS; want 4 at most after, 10 or more before", c, burst)
+			t.Errorf("%d connections after 12 s at 100 QPS (one at a time), %d after 4,000 QPS; want 4 at most after, 10 or more before", c, burst)
 		}
 	})
 }

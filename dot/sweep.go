@@ -337,7 +337,7 @@ const minWatchInterval = minRescueDelay / 4
 
 // sweepAll sweeps every connection (see conn.sweep). For an in-order upstream,
 // whose load takes a connection per outstanding query, the idle connections
-// beyond what the last few seconds' load needed (keepInOrder) close after
+// beyond what the load needed over the last inOrderKeep (keepInOrder) close after
 // inOrderIdle already, the newest first (the oldest idle one is taken first):
 // the pool keeps what its recent load needed, not its busiest moment since
 // IdleTimeout. In another mode the idle ones beyond the cap do (those an
