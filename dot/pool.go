@@ -40,6 +40,7 @@ type Pool struct {
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
 	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
 	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
+	closedReads   atomic.Int64            // frames read by the connections no longer in conns: the sweeper's read total goes on past their close (see sweep)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
 	respChans     *sync.Pool              // see newRespChans
@@ -440,6 +441,10 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 		}
 	}
 	p.conns.Store(&next)
+	// After the store: the sweeper reads closedReads before the snapshot,
+	// so that a connection's reads are never counted twice, at worst a
+	// tick late.
+	p.closedReads.Add(c.reads.Load())
 	// A connection that never answered arms the dial backoff. A stall is a
 	// failure for health checking even after answers (a black hole), but does not
 	// delay the redial its queries' replay needs.

@@ -260,8 +260,7 @@ const inOrderKeep = 10 * time.Second
 // report, tells the observer what changed.
 func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	z := &p.sizer
-	// Connections that closed take their reads out of the total: their last
-	// tick's answers are not counted.
+	// reads counts closed connections' frames too (see sweep): it only grows.
 	n := countConns(conns)
 	queued := int64(n.load) + int64(p.waiters.Load()) - p.rescueCalls.Load()
 	if dt, r := now-z.at, max(reads-z.total, 0); z.at != 0 && dt > 0 {

@@ -158,3 +158,22 @@ func TestBurstBeforeFirstTickArrives(t *testing.T) {
 		}
 	})
 }
+
+// The sizer's arrival rate holds against a server that cuts connections every
+// few answers: its read total counted the open connections alone, so each cut
+// took the cut connection's answers out of it, and the rate read a fraction of
+// the real one (7-8 queries a dial where about 40 came, TestRegimeChurn).
+func TestArrivalsCountedThroughCuts(t *testing.T) {
+	bubble(t, dottest.Options{CloseAfter: 10}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		const rate = 2000
+		checkOutcomes(t, offer(p, 3*rate, time.Second/rate, name), func(string) time.Duration { return 50 * time.Millisecond })
+		synctest.Wait() // the sweeper is asleep: its sizer may be read
+		if got := p.sizer.arrivals; got < rate*8/10 || got > rate*12/10 {
+			t.Errorf("Arrivals %.0f a second through a cut every 10 answers, want %d give or take 20%%", got, rate)
+		}
+		if h := s.Handshakes(); h < 3*rate/10/2 {
+			t.Fatalf("%d handshakes: the server did not cut connections every 10 answers", h)
+		}
+	})
+}
