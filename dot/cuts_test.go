@@ -27,12 +27,7 @@ import (
 // its first 20 queries).
 func TestLearnedLimitEvictsQueriesBeyondIt(t *testing.T) {
 	const limit, slow = 20, 1500 * time.Millisecond
-	opts := dottest.Options{CloseAfter: limit, Delay: func(q dns.Question) time.Duration {
-		if q.Name == "slow.example." {
-			return slow
-		}
-		return time.Millisecond
-	}}
+	opts := dottest.Options{CloseAfter: limit, Delay: slowName(slow, time.Millisecond)}
 	// 22 in flight: the first connection fills with the slow query and the
 	// 21 its server ignores (the 21st to 41st), and the next queries go to
 	// a second one, whose cut after 20 answers teaches the limit.
@@ -438,12 +433,7 @@ func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
 // 7 queries lost to "draining connection stopped answering").
 func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
 	const slow = 800 * time.Millisecond
-	opts := dottest.Options{CloseAfter: 6, Delay: func(q dns.Question) time.Duration {
-		if q.Name == "slow.example." {
-			return slow
-		}
-		return time.Millisecond
-	}}
+	opts := dottest.Options{CloseAfter: 6, Delay: slowName(slow, time.Millisecond)}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		warm := offer(p, 100, time.Millisecond, func(i int) string { return fmt.Sprintf("w%d.example.", i) })
 		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })

@@ -24,12 +24,7 @@ import (
 // of queueing behind it. Each is answered in one service time and a handshake.
 func TestSlowUnknownUpstreamOneQueryAConnection(t *testing.T) {
 	const service, slow, handshake = 100 * time.Millisecond, 500 * time.Millisecond, time.Millisecond
-	delay := func(q dns.Question) time.Duration {
-		if q.Name == "slow.example." {
-			return slow
-		}
-		return service
-	}
+	delay := slowName(slow, service)
 	bubble(t, dottest.Options{InOrder: true, Delay: delay}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		// An order check (one query in orderCheckEvery, at random) put
 		// behind the slow query would wait for it: 1 run in 6 failed so.
@@ -137,12 +132,7 @@ func TestInOrderConnectionWithOnlyRescuedQueriesCloses(t *testing.T) {
 // seed 87: 136 against the model's 126, with as many dials).
 func TestGivenUpConnectionClosesWithItsCaller(t *testing.T) {
 	const service, slow, handshake = 30 * time.Millisecond, 3 * time.Second, time.Millisecond
-	delay := func(q dns.Question) time.Duration {
-		if q.Name == "slow.example." {
-			return slow
-		}
-		return service
-	}
+	delay := slowName(slow, service)
 	bubble(t, dottest.Options{Delay: delay}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		if _, err := exchange(p, "warm.example."); err != nil {
 			t.Fatal(err)

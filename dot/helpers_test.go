@@ -268,3 +268,14 @@ func tlsRecords(b []byte) int {
 	}
 	return n
 }
+
+// slowName is a server's answer delay: slow for "slow.example.", other for
+// every other name.
+func slowName(slow, other time.Duration) func(dns.Question) time.Duration {
+	return func(q dns.Question) time.Duration {
+		if q.Name == "slow.example." {
+			return slow
+		}
+		return other
+	}
+}

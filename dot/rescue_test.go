@@ -201,12 +201,7 @@ func laterQuery(t *testing.T, p *Pool) {
 // connection, however slow, is behind nobody.
 func TestWatchAsksUnreadOnlyOfStuckLookingConnections(t *testing.T) {
 	const slow = 300 * time.Millisecond
-	delay := func(q dns.Question) time.Duration {
-		if q.Name == "slow.example." {
-			return slow
-		}
-		return 0
-	}
+	delay := slowName(slow, 0)
 	bubble(t, dottest.Options{Delay: delay}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		if _, err := exchange(p, "warm.example."); err != nil {
 			t.Fatal(err)
