@@ -542,3 +542,51 @@ func TestWarmConnectionsTakenInTurn(t *testing.T) {
 		}
 	})
 }
+
+// A server with a query limit that ignores the queries past it, whose answers
+// all take 80 ms: its connections fall silent after 19 answers, each holding
+// 40 ignored queries. Where many queries wait, one usual answer time of quiet
+// shows the silence, and the sweeper looks for it twice an answer time (not
+// on the full sweeps alone); a second silence after as many answers needs the
+// same. The ignored queries were sent elsewhere after 2 usual answer times of
+// quiet, seen up to a sweepInterval late, and the limit was learned at the
+// third silence (property seed 19).
+func TestSilenceSeenWithinAnAnswerTime(t *testing.T) {
+	const limit, answer, slow = 20, 80 * time.Millisecond, 1500 * time.Millisecond
+	opts := dottest.Options{CloseAfter: limit, SlowNth: limit, Slow: slow, Delay: func(q dns.Question) time.Duration {
+		switch {
+		case q.Name == "order.example.":
+			return 20 * time.Millisecond
+		case strings.HasPrefix(q.Name, "q"):
+			return answer
+		}
+		return time.Millisecond
+	}}
+	mod := func(c *Config) { c.MaxInflight = 60 }
+	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warmOutOfOrder(t, p)
+		// The usual answer time of a query alone, as a cold start by
+		// dials of their own teaches it (seed 19); the warm-up taught 1 ms.
+		p.learned.mode.usual.Store(int64(answer))
+		out := offer(p, 240, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		var worst time.Duration
+		for _, o := range out {
+			switch {
+			case o.err != nil:
+				t.Errorf("Query %s: %v", o.name, o.err)
+			case o.took < slow/2: // not a connection's slow 20th
+				worst = max(worst, o.took)
+			}
+		}
+		// Written at 0-240 ms: an ignored query waits one answer time
+		// for its connection's 19th answer, one more of quiet and half of
+		// one for the tick, then one answer time elsewhere (326 ms here;
+		// 465 ms before).
+		if bound := 5 * answer; worst > bound {
+			t.Errorf("The slowest query (not a slow 20th) took %v, want at most %v", worst, bound)
+		}
+		if l := p.learned.limit.get(); l != limit-2 {
+			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		}
+	})
+}

@@ -47,6 +47,7 @@ func TestDesignNumbers(t *testing.T) {
 		"silentAfter":              silentAfter,
 		"minSilentQuiet":           minSilentQuiet,
 		"minSilentBeyond":          minSilentBeyond,
+		"manySilentBeyond":         manySilentBeyond,
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,

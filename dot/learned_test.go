@@ -393,3 +393,30 @@ func TestLimitProbeRefutesPastTheTeachingCut(t *testing.T) {
 		}
 	}
 }
+
+// Two connections silent after as many answers teach the limit at the second
+// silence, whatever cuts came just before it: a silence is no cut, and a
+// restart makes none. The idle timeout's cuts of a burst's connections 9 ms
+// before the second silence made it look part of a restart, and a third
+// silence was needed (property seed 19: 953 ignored queries evicted 200 ms
+// later than at the second).
+func TestSilencesTeachTheLimitAmidIdleCuts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newBareConn(t, 64)
+		p := c.pool
+		other := newConn(p, c.tc, c.bc)
+		time.Sleep(2 * restartWindow)
+		p.learnSilence(c, 22)
+		if got := p.learned.limit.get(); got != 0 {
+			t.Fatalf("One silent connection taught a limit of %d, want none", got)
+		}
+		for range 3 { // the server's idle timeout closes unused connections
+			p.learnLimit(CloseServer, 1, 0)
+			time.Sleep(time.Millisecond)
+		}
+		p.learnSilence(other, 22)
+		if got := p.learned.limit.get(); got != 21 {
+			t.Errorf("A second connection silent after 22 answers, 3 ms after idle cuts: limit %d, want 21", got)
+		}
+	})
+}
