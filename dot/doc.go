@@ -31,6 +31,8 @@
 //   - conn.go: a connection: its call table, IDs, life (open, draining, closed)
 //     and its one state for a new query (avail: taking, quiet, near its end,
 //     blocked, draining, closed).
+//   - keepalive.go: the server's idle timeout (RFC 7828 keepalive), which every
+//     connection's own follows.
 //   - census.go: the connections counted by state and load, for dial, sizing,
 //     the sweeper and Stats.
 //   - writer.go, reader.go: a connection's two goroutines.
