@@ -115,14 +115,17 @@ func (c *conn) closeCauseLocked(now int64, oldest, next *call, idle time.Duratio
 
 // stalledLocked: the oldest outstanding query is older than the stall timeout,
 // not a single frame was read since it was written, and a later query has gone
-// unanswered for a while too. A slow answer on a connection that is still
+// unanswered for half the stall timeout too. Not drainQuiet: an out-of-order
+// connection that carried one slow name, then queries whose answers all came
+// slowly (a storm), was closed 500 ms into them and they were replayed into
+// the same storm (property seed 102, TestSlowAnswersAfterASlowNameAreNoStall). A slow answer on a connection that is still
 // answering others is not a stall, and neither is one unanswered query on an
 // otherwise idle connection: a server may drop a query or take long over it, and
 // only a second query tells a dead connection from that.
 func (c *conn) stalledLocked(now int64, oldest, next *call) bool {
 	cfg := &c.pool.cfg
 	return next != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) &&
-		now-next.sentAt.Load() > int64(drainQuiet(cfg)) && c.reads.Load() == oldest.readsAt.Load()
+		now-next.sentAt.Load() > int64(max(drainQuiet(cfg), cfg.StallTimeout/2)) && c.reads.Load() == oldest.readsAt.Load()
 }
 
 // drainStuckLocked updates the sweeper's view of the read counter and reports
