@@ -17,7 +17,9 @@
 //
 // # Files
 //
-//   - pool.go: the Pool: waiting for a connection, dialing, closing.
+//   - pool.go: the Pool: dialing, a connection's end, Stats, closing.
+//   - waiting.go: the waiting room: a query no connection has room for
+//     waits, bounded, for a slot, a dial or its deadline.
 //   - pick.go: the hot path: picking a connection for a call as the mode says
 //     (filled in turn, or one query each: oneEach, bursts before the first answer).
 //   - firstdial.go: before the first answer, which queries share the pool's

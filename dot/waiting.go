@@ -1,0 +1,211 @@
+package dot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The waiting room: a query that pick finds no connection with room for
+// waits here, as one of a bounded number of waiters, for a slot, a dial, its
+// deadline or (a rescue) its original's answer; what frees capacity wakes
+// every waiter, and each picks again.
+
+// acquire registers cl on a usable connection (see pick), dialing one when all
+// are busy and the pool has room, and waiting (bounded by ctx and cl's deadline)
+// when every connection is full.
+func (p *Pool) acquire(ctx context.Context, cl *call) (*conn, error) {
+	// The common case without acquireOr's frame: the caller runs on CoreDNS's
+	// per-query goroutine, whose stack a deeper call chain would grow (copy).
+	if c := p.pick(cl); c != nil {
+		return c, nil
+	}
+	return p.acquireSlow(ctx, cl, nil, nil)
+}
+
+// errOtherFirst: acquireOr's other channel delivered before a connection was found.
+var errOtherFirst = errors.New("dot: the other attempt completed first")
+
+// acquireOr is acquire that, while it waits, also listens on other (if not
+// nil): if that delivers first, it stores the result in got and fails with
+// errOtherFirst.
+func (p *Pool) acquireOr(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
+	p.rescueCalls.Add(1)
+	if c := p.pick(cl); c != nil {
+		return c, nil
+	}
+	return p.acquireSlow(ctx, cl, other, got)
+}
+
+// acquireSlow is acquireOr once pick found no connection with room.
+func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, got *result) (*conn, error) {
+	// Count ourselves as a waiter before taking the wake channel, and pick again
+	// after: a slot freed in between is then either seen by pick or wakes us. The
+	// waiters are bounded in proportion to the slots, whatever they wait for (a
+	// slot, a dial, a draining connection's replacement): past that the pool is
+	// overloaded, or a black hole is eating every slot, and waiting would only pile
+	// up goroutines and memory, so the caller fails at once and can go elsewhere.
+	// A query sharing the first dial leaves p.sharers after p.waiters (deferred
+	// first, run last): see endShare.
+	defer p.endShare(cl)
+	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.capConns()*p.cfg.MaxInflight) {
+		p.waiters.Add(-1)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
+	}
+	defer p.waiters.Add(-1)
+	if cl.avoid != nil {
+		p.rescuers.Add(1)
+		defer p.rescuers.Add(-1)
+	}
+	w := slotWait{ctx: ctx, cl: cl, other: other, got: got}
+	defer w.stop()
+	for {
+		wake, err := p.needConn(cl.avoid == nil)
+		if err != nil {
+			return nil, err
+		}
+		if c := p.pick(cl); c != nil {
+			return c, nil
+		}
+		if cl.avoid != nil {
+			p.dialForRescue(cl.avoid) // a rescue waits for a connection with nothing outstanding
+		}
+		cl.waited = true
+		if len(*p.conns.Load()) == 0 && p.learned.mode.usual.Load() != 0 {
+			// Every connection was lost: the waiters share the next one.
+			// Before the first answer, only a burst shares the first one
+			// (see firstDialBurst).
+			cl.sharesNext = true
+		}
+		if err := w.wait(wake, p.recheckAfter()); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// slotWait is acquireSlow's waiting, in a frame of its own: pick, deep enough,
+// runs on the caller's stack without the select's.
+type slotWait struct {
+	ctx   context.Context
+	cl    *call
+	other <-chan result
+	got   *result
+	timer *time.Timer
+	again *time.Timer // fires when the waiter looks again for itself (recheckAfter)
+}
+
+// wait waits for wake, other, the context or the call's deadline, and at most
+// recheck if it is not 0.
+//
+//go:noinline
+func (w *slotWait) wait(wake <-chan struct{}, recheck time.Duration) error {
+	if w.timer == nil {
+		w.timer = time.NewTimer(time.Until(time.Unix(0, w.cl.deadline)))
+	}
+	var again <-chan time.Time
+	if recheck > 0 {
+		if w.again == nil {
+			w.again = time.NewTimer(recheck)
+		} else {
+			w.again.Reset(recheck)
+		}
+		again = w.again.C
+	}
+	select {
+	case <-wake:
+		return nil
+	case <-again:
+		return nil
+	case *w.got = <-w.other:
+		return errOtherFirst
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	case <-w.timer.C:
+		if w.cl.callerDeadline {
+			return context.DeadlineExceeded // the caller's deadline, not ours
+		}
+		return fmt.Errorf("%w: no free connection", ErrTimeout)
+	}
+}
+
+func (w *slotWait) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if w.again != nil {
+		w.again.Stop()
+	}
+}
+
+// recheckAfter is how long a query that waits for a connection freeing soon
+// (see freeingSoon) waits before it looks again: a dial's time, by when the
+// connection it counted on is overdue (and may be slow) if it has not freed;
+// at least minWatchInterval, so that a stall with many waiting does not spin
+// them. 0 while every waiting query has a dial under way (its end wakes them).
+func (p *Pool) recheckAfter() time.Duration {
+	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || int(p.dialing.Load()) >= p.owedDials() {
+		return 0
+	}
+	return max(time.Duration(p.dialTime.Load()), minWatchInterval)
+}
+
+// needConn is acquire's slow path: it starts a dial if allowed and dial (a
+// rescue dials as dialForRescue says) and returns the channel that is closed
+// when the pool's capacity may have changed. While the upstream is in backoff
+// and has no usable connection, it fails at once so the caller can try
+// another upstream.
+func (p *Pool) needConn(dial bool) (<-chan struct{}, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrPoolClosed
+	}
+	if dial && !p.hasRoomLocked() {
+		p.startDialLocked(0, false)
+	}
+	if p.dials == 0 && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {
+		if p.redial.cause != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.redial.cause)
+		}
+		return nil, ErrUnavailable
+	}
+	if p.dials == 0 && !p.hasUsableLocked() && p.fds.blocks(time.Now()) {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.fds.cause)
+	}
+	return p.wake, nil
+}
+
+// hasRoomLocked reports whether a usable connection that is not blocked has a
+// free slot.
+func (p *Pool) hasRoomLocked() bool {
+	for _, c := range *p.conns.Load() {
+		if c.avail().takes() && c.load.Load() < int32(p.cfg.MaxInflight) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Pool) hasUsableLocked() bool {
+	s := countConns(*p.conns.Load())
+	return s.open() > 0
+}
+
+// slotFreed wakes callers waiting for capacity, if there are any.
+func (p *Pool) slotFreed() {
+	if p.waiters.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.wakeLocked()
+	p.mu.Unlock()
+}
+
+func (p *Pool) wakeLocked() {
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// maxWaitersPerSlot bounds the callers waiting for a slot of a saturated pool.
+const maxWaitersPerSlot = 4
