@@ -229,8 +229,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 				best, load = c, l
 			}
 		}
-		if cl.avoid == nil && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
+		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
 			// An order check is due until one finds a connection to go on.
+			// Rolled once a query, when it first picks: a waiting query
+			// picks again on every wake (TestWaitingQueryIsNoOrderCheck).
 			pc := p.orderCheckConn(cl)
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)
