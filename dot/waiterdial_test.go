@@ -26,10 +26,11 @@ func learnInOrder(t *testing.T, p *Pool, service time.Duration) {
 	waitFor(t, "the mode to be learned", func() bool { return p.Stats().Mode == ModeInOrder })
 }
 
-// In order, a query that finds every connection busy waits for one whose
-// answer is due before a handshake would be done, rather than dial one more
-// than forward would: the upstream answers in 10 ms, a handshake takes 40 ms.
-// It takes the first connection that frees (in 8 ms) and dials nothing.
+// In order, a query that finds every connection busy dials one, as forward
+// does, and takes whichever comes first: here the first connection that
+// frees (in 8 ms; a handshake takes 40 ms). The pool once dialled nothing
+// for it, betting on that connection, and lost a dial's time when the answer
+// due was a slow one (see dialForWaiter).
 func TestInOrderWaiterTakesConnectionFreeingSoon(t *testing.T) {
 	const service, handshake = 10 * time.Millisecond, 40 * time.Millisecond
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
@@ -43,18 +44,18 @@ func TestInOrderWaiterTakesConnectionFreeingSoon(t *testing.T) {
 		late := offer(p, 1, 0, names("late"))
 		checkOutcomes(t, busy(), func(string) time.Duration { return service })
 		// It waited 8 ms for a connection and 10 ms for its answer;
-		// behind a dial it would have waited 50 ms.
+		// behind its dial it would have waited 50 ms.
 		checkOutcomes(t, late, func(string) time.Duration { return 2*service - 2*time.Millisecond })
 		waitFor(t, "no dial under way", func() bool { return p.dialing.Load() == 0 })
-		if h := s.Handshakes() - before; h != 0 {
-			t.Errorf("%d connections dialled for a query that waited 8 ms for one of %d busy ones, want 0", h, open)
+		if h := s.Handshakes() - before; h != 1 {
+			t.Errorf("%d connections dialled for a query that found all %d busy, want 1, as forward", h, open)
 		}
 	})
 }
 
-// The same query waits no longer than a dial's time for a connection that
-// is due to free but is slow after all: then it dials, and waits no more
-// than a dial and its own answer past the moment it was due.
+// The same query, when the connection due to free is slow after all, waits
+// no more than its dial and its own answer: it dialled at once. Betting on
+// that connection for a dial's time first, it waited two handshakes.
 func TestInOrderWaiterDialsWhenDueConnectionIsSlow(t *testing.T) {
 	const service, handshake, slow = 10 * time.Millisecond, 40 * time.Millisecond, 2 * time.Second
 	delay := func(q dns.Question) time.Duration {
@@ -68,14 +69,14 @@ func TestInOrderWaiterDialsWhenDueConnectionIsSlow(t *testing.T) {
 		learnInOrder(t, p, service)
 		time.Sleep(100 * time.Millisecond)
 		// One connection, busy with a slow query: the query after it
-		// counts on it for a dial's time, then dials.
+		// dials at once.
 		for p.Stats().Conns > 1 {
 			time.Sleep(100 * time.Millisecond) // the idle ones beyond the load's close (inOrderIdle)
 		}
 		busy := offerFor(p, 1, 0, names("busy"))
 		time.Sleep(2 * time.Millisecond)
 		late := offer(p, 1, 0, names("late"))
-		checkOutcomes(t, late, func(string) time.Duration { return service + 2*handshake + 2*minWatchInterval })
+		checkOutcomes(t, late, func(string) time.Duration { return handshake + service + minWatchInterval })
 		checkOutcomes(t, busy(), func(string) time.Duration { return slow + service })
 	})
 }
@@ -127,11 +128,10 @@ func TestInOrderRescueDialsNotForShortQueue(t *testing.T) {
 	})
 }
 
-// A query that waited once counts on no connection freeing soon: the one it
-// counted on may have gone to a query that arrived meanwhile, and waiting on
-// such again and again put make bench-regimes' inorder-distant p99 at 65-81
-// ms against forward's 35. Its second look dials.
-func TestInOrderWaiterDialsAfterOneWait(t *testing.T) {
+// A query that waits dials at once, whether or not a busy connection's
+// answer is due before its dial would be done; a second look with its dial
+// under way dials no other.
+func TestInOrderWaiterDialsAtOnce(t *testing.T) {
 	const service, handshake = 10 * time.Millisecond, 40 * time.Millisecond
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
@@ -144,12 +144,12 @@ func TestInOrderWaiterDialsAfterOneWait(t *testing.T) {
 			t.Fatalf("No connection frees before a dial would be done")
 		}
 		first := &call{}
-		if !p.dialForWaiter(first) || p.dialing.Load() != 0 {
-			t.Errorf("A first wait: dialling %d, want 0 (a connection frees sooner)", p.dialing.Load())
+		if !p.dialForWaiter(first) || p.dialing.Load() != 1 {
+			t.Errorf("A first wait: dialling %d, want 1", p.dialing.Load())
 		}
 		again := &call{waited: true}
 		if !p.dialForWaiter(again) || p.dialing.Load() != 1 {
-			t.Errorf("A second wait: dialling %d, want 1", p.dialing.Load())
+			t.Errorf("A second look, its dial under way: dialling %d, want 1", p.dialing.Load())
 		}
 		checkOutcomes(t, busy(), func(string) time.Duration { return service })
 	})

@@ -138,11 +138,11 @@ func (w *slotWait) stop() {
 	}
 }
 
-// recheckAfter is how long a query that waits for a connection freeing soon
-// (see freeingSoon) waits before it looks again: a dial's time, by when the
-// connection it counted on is overdue (and may be slow) if it has not freed;
-// at least minWatchInterval, so that a stall with many waiting does not spin
-// them. 0 while every waiting query has a dial under way (its end wakes them).
+// recheckAfter is how long a query that waits with no dial under way for it
+// (dialForWaiter could not start one: the dials are capped) waits before it
+// looks again: a dial's time; at least minWatchInterval, so that a stall with
+// many waiting does not spin them. 0 while every waiting query has a dial
+// under way (its end wakes them).
 func (p *Pool) recheckAfter() time.Duration {
 	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || int(p.dialing.Load()) >= p.owedDials() {
 		return 0
