@@ -50,6 +50,8 @@ func TestDesignNumbers(t *testing.T) {
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
+		"minQueueDepth":            minQueueDepth,
+		"queueShared":              queueShared,
 		"rescueShare":              rescueShare,
 		"maxRescueBurst":           maxRescueBurst,
 		"maxParallelDials":         maxParallelDials,
