@@ -32,6 +32,12 @@ type answerStats struct {
 	aloneN   int
 	sum      int64 // answer times (ns) of every answer delivered, cut at meanCeiling
 	n        int
+	// gapSum: how long after the previous answer each busy answer came
+	// (ns; busy: its call was written before that answer came), gapN of
+	// them: the spacing of a busy connection's answers (see
+	// serveMode.spacing)
+	gapSum int64
+	gapN   int
 }
 
 // evidence counts what answers showed of how the upstream serves a connection.
@@ -99,6 +105,8 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 		l.aloneSum += t
 		l.aloneN++
 	case seq == l.lastSeq+1 && sentAt != 0:
+		l.gapSum += now - l.lastAt
+		l.gapN++
 		l.noteBusy(now-l.lastAt, sentAt-l.lastSent, l.lastAt-sentAt)
 	}
 	l.lastSeq, l.lastAt, l.lastSent = seq, now, sentAt
@@ -221,4 +229,6 @@ func (st *answerStats) add(o answerStats) {
 	st.aloneN += o.aloneN
 	st.sum += o.sum
 	st.n += o.n
+	st.gapSum += o.gapSum
+	st.gapN += o.gapN
 }

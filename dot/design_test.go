@@ -51,6 +51,8 @@ func TestDesignNumbers(t *testing.T) {
 		"minRescueDelay":           minRescueDelay,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
+		"minQueueDepth":            minQueueDepth,
+		"queueShared":              queueShared,
 		"rescueShare":              rescueShare,
 		"maxRescueBurst":           maxRescueBurst,
 		"maxParallelDials":         maxParallelDials,

@@ -21,7 +21,8 @@
 //   - waiting.go: the waiting room: a query no connection has room for
 //     waits, bounded, for a slot, a dial or its deadline.
 //   - pick.go: the hot path: picking a connection for a call as the mode says
-//     (filled in turn, or one query each: oneEach, bursts before the first answer).
+//     (filled in turn, while the mode is unknown no deeper than a dial is worth:
+//     queueDepth; or one query each: oneEach, bursts before the first answer).
 //   - firstdial.go: before the first answer, which queries share the pool's
 //     first dial (its burst) and which dial their own, and the waiting queries
 //     owed a dial.

@@ -107,11 +107,16 @@ func (m Mode) String() string {
 // left only on evidence at least as strong as what made it: no one reading
 // flips a mode, and nothing bars one for a time (see update).
 type serveMode struct {
-	mode   atomic.Int32 // a Mode
-	usual  atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
-	mean   atomic.Int64 // ns: the mean answer time of all queries, smoothed
-	rescue atomic.Bool  // rescues won lately: a hint of in-order before the evidence suffices
-	waits  atomic.Bool  // answers or rescues showed queries waiting behind others lately (see rescue.go)
+	mode  atomic.Int32 // a Mode
+	usual atomic.Int64 // ns: the upstream's usual answer time to a query alone on its connection; 0: none yet
+	mean  atomic.Int64 // ns: the mean answer time of all queries, smoothed
+	// spacing: ns, how far apart a busy connection's answers come (each
+	// after the one before, its call written before that one came),
+	// smoothed; 0: none yet. In order, a query waits a spacing for each one
+	// written before it on its connection (see Pool.queueDepth)
+	spacing atomic.Int64
+	rescue  atomic.Bool // rescues won lately: a hint of in-order before the evidence suffices
+	waits   atomic.Bool // answers or rescues showed queries waiting behind others lately (see rescue.go)
 	// firstOnly: usual is the pool's first answer time alone (reader.go),
 	// which the first sweep's average replaces rather than joins: one slow
 	// first answer (a cold cache upstream) is not the usual time
@@ -308,6 +313,7 @@ func (m *serveMode) learnTimes(st answerStats) {
 		ewma(&m.usual, st.aloneSum, st.aloneN)
 	}
 	ewma(&m.mean, st.sum, st.n)
+	ewma(&m.spacing, st.gapSum, st.gapN)
 }
 
 func ewma(v *atomic.Int64, sum int64, n int) {

@@ -98,16 +98,21 @@ func (p *Pool) slowUnknown() bool {
 // at each end, whatever its size.
 func (p *Pool) pickInTurn(cl *call) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
+	depth := p.queueDepth()           // the queries one is given: slots or fewer
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
 		var best, quiet *conn
 		var load, quietLoad int32
 		near, more := false, false // best is near its end; every connection with room is quiet
 		spares := 0                // newer connections than best that take queries with none outstanding
 		counted := 0               // connections that count toward the cap
+		served := int64(0)         // unix ns of the latest answer that served a connection's next query
 		for _, c := range *p.conns.Load() {
 			a := c.avail()
 			if p.countsTowardCap(a) {
 				counted++
+			}
+			if depth < slots {
+				served = max(served, c.servedAt.Load())
 			}
 			if !c.accepts(a, cl) || cl.within != 0 && c.taken.Load() >= cl.within {
 				continue
@@ -118,7 +123,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 				if a == availTaking && l == 0 {
 					spares++
 				}
-			case l >= slots:
+			case l >= depth:
 			case a != availQuiet:
 				best, load, near = c, l, a == availNearEnd
 			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
@@ -140,6 +145,13 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			// resumes, as forward's would be, not an answer time or a
 			// move later (issue 21, seed 97).
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
+		}
+		if best == nil && depth < slots && p.servedLately(served) {
+			// Every connection with room holds a queue that, were the
+			// upstream in order, would take longer than a dial, and
+			// queues are being served: the query goes as pickIdle sends
+			// it (an idle connection, or a dial of its own).
+			return p.pickIdle(cl)
 		}
 		if best == nil {
 			return nil
@@ -165,6 +177,82 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 		}
 	}
 	return nil
+}
+
+// queueDepth is how many queries pickInTurn puts on one connection: MaxInflight,
+// or, while the mode is unknown (the cap auto), as many as an in-order
+// upstream would serve in a dial's time: the dial time over the spacing of a
+// busy connection's answers (serveMode.spacing), which in order is the time
+// each query written before one adds to its wait. A query written behind as
+// many others would wait, were the upstream in order, longer than a
+// connection of its own costs; forward would have dialled one for it, and the
+// pool does (pickIdle, dialForWaiter: one dial per waiting query, so never
+// more connections than forward's one per query out).
+//
+// The spacing, not the answer time: under a saturating load the answer time
+// is mostly the wait in the upstream's (or the machine's) queue, which a
+// query on a connection of its own waits too, while the answers of a busy
+// connection come tens of microseconds apart. Divided by the answer time
+// (milliseconds), the bound dialled a connection for every few queries of
+// make bench's unbound: 40-53 where 4 serve it (156-197 in
+// TestSaturatedFastUpstreamKeepsFewConnections). The spacing counts for no
+// more than the usual answer time (it is the send gap where queries come
+// apart), and the bound holds only while a query alone on its connection is
+// answered within queueShared spacings: the wait is then the connection's
+// queue, which a new connection spares (in order, a query alone waits one
+// service time, its answers' spacing); where queries wait much longer than
+// that, they wait for something all connections share (unbound's one thread
+// serving its connections in turn), which more connections only lengthen.
+//
+// Not while that is fewer than two: a query then waits behind one other about
+// as long as for a dial, and the answers of queries written behind others are
+// what the mode is learned from (in order: slow gaps, waited answers; out of
+// order: inversions). A pool that dialled for every second query learned
+// neither, and held twice the connections of an upstream whose one CPU serves
+// every connection in turn (TestRegimeBusyTurnsUpstream). Nor while the
+// upstream as a whole read nothing for two answer times (and two ticks, see
+// servingAt): it paused, and more connections would not shorten the pause
+// (TestPausingUpstreamKeepsFewConnections). Until the first answer and the
+// first dial are timed, a query each anyway (slowUnknown); until the first
+// busy answers are (the next learn), no bound: taking the answer time for
+// the spacing meanwhile, as it grew with the saturated upstream's queue,
+// dialled 193-198 connections in that test, and once a connection carries a
+// query or two, its answers come a round of the upstream's turns apart,
+// which looks like in-order service and keeps the bound.
+func (p *Pool) queueDepth() int32 {
+	slots := int32(p.cfg.MaxInflight)
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
+		return slots
+	}
+	m := &p.learned.mode
+	u, s, d := m.usual.Load(), m.spacing.Load(), p.dialTime.Load()
+	if u == 0 || s == 0 || u > queueShared*s {
+		return slots
+	}
+	s = min(s, u)
+	if d < minQueueDepth*s || nanotime()-p.servingAt.Load() > max(2*u, int64(2*minWatchInterval)) {
+		return slots
+	}
+	return int32(min(d/s, int64(slots)))
+}
+
+// queueShared: queueDepth bounds a connection's queue only while a query
+// alone on its connection is answered within this many spacings of a busy
+// connection's answers (see there).
+const queueShared = 4
+
+// minQueueDepth: below this many queries in a dial's time, queueDepth puts no
+// bound on a connection's queue (see there).
+const minQueueDepth = 2
+
+// servedLately reports whether a connection's queue was served (its next
+// query answered, at served) within two usual answer times (a millisecond at
+// least): queues then move, one answer time a query. When the upstream
+// resumes after a pause, every answer due comes at once; the tick's view
+// (servingAt, in queueDepth) lags that by a tick, and this one, exact, does
+// not see the pause that made the queues: both are asked.
+func (p *Pool) servedLately(served int64) bool {
+	return nanotime()-served < max(2*p.learned.mode.usual.Load(), int64(time.Millisecond))
 }
 
 // leastLoadedBlocked returns the least loaded blocked connection of conns

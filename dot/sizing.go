@@ -103,6 +103,14 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 		return false
 	}
 	capConns := p.capConns()
+	openCap := capConns // what maxOpen allows beyond
+	if waiter && p.queueDepth() < int32(p.cfg.MaxInflight) {
+		// A query that would wait longer behind others than for a
+		// dial (queueDepth): the cap in order, as for slowUnknown. Only
+		// while that bound holds: other waiters (those of the first
+		// dial, firstdial.go) keep the cap of the mode.
+		capConns, openCap = AutoMaxConnsInOrder, AutoMaxConnsInOrder
+	}
 	if p.oneEach() && p.cfg.MaxConns == 0 && !waiter {
 		// What the load needs, as the sweeper last saw it; a query that
 		// waits for a connection of its own is what the load needs now.
@@ -118,7 +126,7 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 			capConns = max(capConns, taking+p.limitedDemand())
 		}
 	}
-	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(p.capConns()) {
+	if taking+p.dials >= capConns || len(conns)+p.dials >= p.maxOpen(openCap) {
 		return false
 	}
 	if !p.fds.grant(len(conns)+p.dials, time.Now()) {

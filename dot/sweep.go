@@ -330,6 +330,7 @@ func (p *Pool) sweepLoop() {
 		reads += closed
 		if reads > p.sizer.total {
 			p.readsGrewAt = now // before size, which takes the new total
+			p.servingAt.Store(now)
 		}
 		sweep := now >= next
 		if sweep {

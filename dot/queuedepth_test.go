@@ -1,0 +1,107 @@
+package dot
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// While the mode is unknown, an upstream that answers a connection's queries
+// in order, each in 1 ms, behind a 5 ms handshake: a burst of 30 queries is
+// not written one behind the other on the pool's connection (the last would
+// wait 30 ms, as property seed 115's did behind one connection) but, past the
+// five a dial's time serves there, each waits for a connection of its own,
+// as forward's would (queueDepth), and no more are dialled than queries wait.
+// The warm-up times a query alone and the spacing of a busy connection's
+// answers (pairs written together): each 1 ms, so the queue is the
+// connection's own, which a dial spares.
+func TestUnknownModeDialsRatherThanQueueDeep(t *testing.T) {
+	const service, handshake, n = time.Millisecond, 5 * time.Millisecond, 30
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		for i := range 3 { // times the answer, the dial and the spacing: pairs written together
+			var wg sync.WaitGroup
+			for j := range 2 {
+				wg.Go(func() {
+					if _, err := exchange(p, fmt.Sprintf("warm%d-%d.example.", i, j)); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			time.Sleep(100 * time.Millisecond) // a full sweep: the times are learned
+		}
+		for i := range 4 { // the upstream serving now: queues move (see servedLately)
+			if _, err := exchange(p, fmt.Sprintf("warm%d.example.", i)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(service)
+		}
+		if m := p.Stats().Mode; m != ModeUnknown {
+			t.Fatalf("Mode after the warm-up %v, want %v", m, ModeUnknown)
+		}
+		if d := p.queueDepth(); d != int32(handshake/service) {
+			t.Fatalf("queueDepth after the warm-up %d, want %d (usual answer %v, spacing %v, dial %v)", d, handshake/service, time.Duration(p.learned.mode.usual.Load()), time.Duration(p.learned.mode.spacing.Load()), time.Duration(p.dialTime.Load()))
+		}
+		took := make([]time.Duration, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				start := time.Now()
+				if _, err := exchange(p, fmt.Sprintf("q%d.example.", i)); err != nil {
+					t.Error(err)
+				}
+				took[i] = time.Since(start)
+			})
+		}
+		wg.Wait()
+		// A dial and its answer, or five answers in turn, and a margin:
+		// not the 30 answers in turn of one connection.
+		if worst, want := slices.Max(took), handshake+5*service+4*service; worst > want {
+			t.Errorf("Slowest of %d queries that came together took %v, want at most %v", n, worst, want)
+		}
+		if h := s.Handshakes(); h > n {
+			t.Errorf("%d handshakes for %d queries, want at most one each", h, n)
+		}
+		t.Logf("%d handshakes", s.Handshakes())
+	})
+}
+
+// queueDepth divides the dial time by the spacing of a busy connection's
+// answers, never by more than the usual answer time, and puts no bound where
+// a query alone on its connection waits many spacings (queueShared): that
+// wait is in a queue all connections share, which a dial does not spare.
+func TestQueueDepthBySpacing(t *testing.T) {
+	bubble(t, dottest.Options{}, 0, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		const ms = int64(time.Millisecond)
+		for _, tc := range []struct {
+			usual, spacing, dial int64
+			want                 int32
+		}{
+			{ms, ms, 5 * ms, 5},                                 // in order, each connection served alone: seed 115
+			{ms, ms / 2, 5 * ms, 10},                            // answers closer than the answer time
+			{ms / 2, ms, 5 * ms, 10},                            // spaced as sent: no more than the answer time
+			{4 * ms, 100 * int64(time.Microsecond), 10 * ms, 0}, // a shared queue (a busy machine's CPU)
+			{4 * ms, int64(time.Microsecond), 10 * ms, 0},       // unbound saturated: answers batched
+			{ms, 0, 5 * ms, 0},                                  // no busy answer yet
+			{ms, ms, ms, 0},                                     // fewer than minQueueDepth
+		} {
+			p.learned.mode.usual.Store(tc.usual)
+			p.learned.mode.spacing.Store(tc.spacing)
+			p.dialTime.Store(tc.dial)
+			p.servingAt.Store(nanotime())
+			want := cmp.Or(tc.want, int32(p.cfg.MaxInflight))
+			if got := p.queueDepth(); got != want {
+				t.Errorf("queueDepth with usual answer %v, spacing %v, dial %v: %d, want %d",
+					time.Duration(tc.usual), time.Duration(tc.spacing), time.Duration(tc.dial), got, want)
+			}
+		}
+	})
+}
