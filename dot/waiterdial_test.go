@@ -30,7 +30,8 @@ func learnInOrder(t *testing.T, p *Pool, service time.Duration) {
 // does, and takes whichever comes first: here the first connection that
 // frees (in 8 ms; a handshake takes 40 ms). The pool once dialled nothing
 // for it, betting on that connection, and lost a dial's time when the answer
-// due was a slow one (see dialForWaiter).
+// due was a slow one (see dialForWaiter and the two tests below, which fail
+// with the bet).
 func TestInOrderWaiterTakesConnectionFreeingSoon(t *testing.T) {
 	const service, handshake = 10 * time.Millisecond, 40 * time.Millisecond
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
@@ -47,8 +48,10 @@ func TestInOrderWaiterTakesConnectionFreeingSoon(t *testing.T) {
 		// behind its dial it would have waited 50 ms.
 		checkOutcomes(t, late, func(string) time.Duration { return 2*service - 2*time.Millisecond })
 		waitFor(t, "no dial under way", func() bool { return p.dialing.Load() == 0 })
-		if h := s.Handshakes() - before; h != 1 {
-			t.Errorf("%d connections dialled for a query that found all %d busy, want 1, as forward", h, open)
+		// Its dial (or one under way that it counted on) is forward's
+		// one; no more.
+		if h := s.Handshakes() - before; h > 1 {
+			t.Errorf("%d connections dialled for a query that found all %d busy, want 1 at most, as forward", h, open)
 		}
 	})
 }
