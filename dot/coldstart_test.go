@@ -96,8 +96,9 @@ func TestFirstDialSharersOweNoDial(t *testing.T) {
 // opened join it only while fewer than firstDialShareMax are on it; the
 // others go out on the connections they dialled, as forward's would, and
 // are answered a handshake and an answer after they came: an eighth of the
-// queries or more (9-29 of 40, mostly 26, in 280 runs) are answered within a handshake
-// and two answers, and the pool opens no more connections than queries.
+// queries or more (15-22 of 40, mostly 17, in 100 runs) are answered within
+// a handshake and two answers, and the pool opens no more connections than
+// queries.
 // Gathered on the first connection, the 40 queries waited for each other in
 // order until rescued: 2-3 of 40 were that fast, in 60 runs (issue 21,
 // seeds 132 and 35).

@@ -28,8 +28,11 @@ const firstDialShare = 10 * time.Millisecond
 // other; uncapped, a slow handshake (37 ms) at 2,784 QPS gathered 28 window
 // sharers and about 60 of the queries that came later, and they waited
 // 400-450 ms (issue 21, seed 132; seed 35: 55 on a connection the server
-// cut after 6 answers).
-const firstDialShareMax = 8
+// cut after 6 answers). Not fewer: BenchmarkPoolExchange's 64 clients, on a
+// loaded 2-core machine, come over several milliseconds, not all as a
+// burst, and with 8 its cold start opened 3, 1 and 7 connections (1 with 16,
+// in 7 runs of 7), against a pipelining upstream that needs one.
+const firstDialShareMax = 16
 
 // firstDialBurst reports, for a query that arrives before the pool has a
 // connection, whether it shares the dial under way: it comes within
@@ -111,8 +114,8 @@ func (p *Pool) joinsFirst(cl *call) bool {
 // a handshake or more for each (issue 21, seeds 74 and 107: 119 ms against
 // forward's 83, 32 against 20). Any number joining, or joining any
 // connection, an in-order upstream served them one after the other (seed
-// 132: p99 390-550 ms against forward's 223, with up to firstDialShareMax
-// on each connection).
+// 132: p99 390-550 ms against forward's 223, with up to 8 on each
+// connection).
 func (p *Pool) joinFirst(cl *call, conns []*conn) *conn {
 	if !cl.burstStart || len(conns) == 0 || p.learned.mode.usual.Load() != 0 {
 		return nil
