@@ -123,3 +123,25 @@ func TestFirstConnectionTakesFewBeforeAnswer(t *testing.T) {
 		}
 	})
 }
+
+// Queries that come 500 µs apart (no burst) while the pool's first dial is
+// under way, 20 within firstDialShare of its start: the query that dialled
+// and firstDialShareMax more share it, and the other three dial their own
+// (four dials under way), as forward's would; in order, all twenty would wait for each other on one
+// connection (issue 21, seed 35: 55 sharers on a connection cut after 6
+// answers).
+func TestFirstDialSharedByFewInWindow(t *testing.T) {
+	const service, handshake, gap, n = 20 * time.Millisecond, 60 * time.Millisecond, 500 * time.Microsecond, 20
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		done := make(chan []regimeOutcome)
+		go func() { done <- offer(p, n, gap, names("q")) }()
+		time.Sleep(handshake / 2) // every query came, no dial is done
+		synctest.Wait()
+		if want, d := int32(n-firstDialShareMax), p.dialing.Load(); d != want {
+			t.Errorf("%d dials under way for %d queries that came within firstDialShare, want %d", d, n, want)
+		}
+		checkOutcomes(t, <-done, func(string) time.Duration { return time.Second })
+	})
+}
