@@ -21,8 +21,9 @@
 //   - pick.go: the hot path: picking a connection for a call as the mode says
 //     (filled in turn, or one query each: oneEach, bursts before the first answer).
 //   - firstdial.go: before the first answer, which queries share the pool's
-//     first dial (its burst) and which dial their own, and the waiting queries
-//     owed a dial.
+//     first dial (its burst) and which dial their own, how many go on the
+//     first connection (firstDialShareMax), and the waiting queries owed a
+//     dial.
 //   - sizing.go: how many connections the load wants, when to dial (the cap,
 //     parallel dials, successors).
 //   - rescue.go: blocked connections, rescues and the first answer of a query's two attempts.
