@@ -42,10 +42,11 @@ type call struct {
 	// shares the pool's first dial, waits for that connection and counts in
 	// Pool.sharers meanwhile; burstStart: it came before the pool had a
 	// connection and dialled, so that its next pick is no member of its burst
-	// (see firstDialBurst, joinsFirst); sharesNext: it waited while every
-	// connection was lost, after an answer, and shares the next one. The
-	// caller's only.
-	waited, firstDial, burstStart, sharesNext bool
+	// (see firstDialBurst, joinFirst); startsFirst: that dial was the
+	// pool's first, which its burst shares (joinsFirst); sharesNext: it
+	// waited while every connection was lost, after an answer, and shares
+	// the next one. The caller's only.
+	waited, firstDial, burstStart, sharesNext, startsFirst bool
 
 	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send
 	// the query again elsewhere; lost, when the caller gave it up because the

@@ -87,3 +87,61 @@ func TestFirstDialSharersOweNoDial(t *testing.T) {
 		}
 	})
 }
+
+// An in-order upstream (20 ms an answer) behind a slow handshake (60 ms),
+// offered a query every millisecond from the start, 40 in all: before the
+// first answer, the first connection carries the query that dialled it, no
+// more than firstDialShareMax of those that came in its first 10 ms
+// (firstDialShare), and the queries that dialled for themselves before it
+// opened join it only while fewer than firstDialShareMax are on it; the
+// others go out on the connections they dialled, as forward's would, and
+// are answered a handshake and an answer after they came: an eighth of the
+// queries or more (15-22 of 40, mostly 17, in 100 runs) are answered within
+// a handshake and two answers, and the pool opens no more connections than
+// queries.
+// Gathered on the first connection, the 40 queries waited for each other in
+// order until rescued: 2-3 of 40 were that fast, in 60 runs (issue 21,
+// seeds 132 and 35).
+func TestFirstConnectionTakesFewBeforeAnswer(t *testing.T) {
+	const service, handshake, gap, n = 20 * time.Millisecond, 60 * time.Millisecond, time.Millisecond, 40
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		out := offer(p, n, gap, names("q"))
+		checkOutcomes(t, out, func(string) time.Duration { return time.Second })
+		fast := 0 // answered within a handshake and two answers
+		for _, o := range out {
+			if o.took <= handshake+2*service {
+				fast++
+			}
+		}
+		if fast < n/8 {
+			t.Errorf("%d of %d queries answered within a handshake and two answers, want %d or more", fast, n, n/8)
+		}
+		if h := s.Handshakes(); h > n {
+			t.Errorf("%d handshakes for %d queries, want at most one each", h, n)
+		}
+	})
+}
+
+// Queries that come 500 µs apart (no burst) while the pool's first dial is
+// under way, 20 within firstDialShare of its start: the query that dialled
+// and firstDialShareMax more share it, and the other three dial their own
+// (four dials under way), as forward's would; in order, all twenty would wait for each other on one
+// connection (issue 21, seed 35: 55 sharers on a connection cut after 6
+// answers).
+func TestFirstDialSharedByFewInWindow(t *testing.T) {
+	const service, handshake, gap, n = 20 * time.Millisecond, 60 * time.Millisecond, 500 * time.Microsecond, 20
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		done := make(chan []regimeOutcome)
+		go func() { done <- offer(p, n, gap, names("q")) }()
+		time.Sleep(handshake / 2) // every query came, no dial is done
+		synctest.Wait()
+		if want, d := int32(n-firstDialShareMax), p.dialing.Load(); d != want {
+			t.Errorf("%d dials under way for %d queries that came within firstDialShare, want %d", d, n, want)
+		}
+		checkOutcomes(t, <-done, func(string) time.Duration { return time.Second })
+	})
+}

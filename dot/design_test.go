@@ -30,6 +30,7 @@ func TestDesignNumbers(t *testing.T) {
 		"untimedMaxConns":          untimedMaxConns,
 		"shareWindow":              shareWindow,
 		"firstDialShare":           firstDialShare,
+		"firstDialShareMax":        firstDialShareMax,
 		"slowWeightUnit":           slowWeightUnit,
 		"minCrowdedEvidence":       minCrowdedEvidence,
 		"crowdedFactor":            crowdedFactor,

@@ -24,8 +24,9 @@
 //     (filled in turn, while the mode is unknown no deeper than a dial is worth:
 //     queueDepth; or one query each: oneEach, bursts before the first answer).
 //   - firstdial.go: before the first answer, which queries share the pool's
-//     first dial (its burst) and which dial their own, and the waiting queries
-//     owed a dial.
+//     first dial (its burst) and which dial their own, how many go on the
+//     first connection (firstDialShareMax), and the waiting queries owed a
+//     dial.
 //   - sizing.go: how many connections the load wants, when to dial (the cap,
 //     parallel dials, successors).
 //   - rescue.go: blocked connections, rescues and the first answer of a query's two attempts.

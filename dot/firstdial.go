@@ -9,7 +9,9 @@ import "time"
 // upstream serves; a query that comes later while a slow handshake is under
 // way dials, as forward does: shared, a slow handshake gathered every query
 // of its time on one connection, which an in-order upstream served one after
-// the other (issue 21, seeds 29, 45, 79, 149).
+// the other (issue 21, seeds 29, 45, 79, 149). For the same reason no more
+// than firstDialShareMax go on the first connection for coming soon after
+// its dial started, nor for having dialled before it opened (seeds 132, 35).
 
 // firstDialShare: the queries that come within this of the start of the
 // pool's first dial share it, as a burst does (see firstDialBurst): a nearby
@@ -17,11 +19,27 @@ import "time"
 // one per query of its handshake's time.
 const firstDialShare = 10 * time.Millisecond
 
+// firstDialShareMax: at most this many queries share the pool's first dial
+// for coming within firstDialShare of its start (those of a burst, within
+// shareWindow of each other, are not counted: see firstDialBurst), and at
+// most this many go on the pool's first connection for having dialled before
+// it opened (see joinFirst). The next ones dial, as forward's would. An
+// in-order upstream serves the queries on one connection one after the
+// other; uncapped, a slow handshake (37 ms) at 2,784 QPS gathered 28 window
+// sharers and about 60 of the queries that came later, and they waited
+// 400-450 ms (issue 21, seed 132; seed 35: 55 on a connection the server
+// cut after 6 answers). Not fewer: BenchmarkPoolExchange's 64 clients, on a
+// loaded 2-core machine, come over several milliseconds, not all as a
+// burst, and with 8 its cold start opened 3, 1 and 7 connections (1 with 16,
+// in 7 runs of 7), against a pipelining upstream that needs one.
+const firstDialShareMax = 16
+
 // firstDialBurst reports, for a query that arrives before the pool has a
 // connection, whether it shares the dial under way: it comes within
 // shareWindow of the last query that came so (after since), a burst, or
-// within firstDialShare of the first dial's start, or it already shares
-// (cl.firstDial). Any other starts a burst: the first dial, here, if none is
+// within firstDialShare of the first dial's start while fewer than
+// firstDialShareMax shared it so, or it already shares (cl.firstDial). Any
+// other starts a burst: the first dial, here, if none is
 // under way, or later a dial of its own (dialForWaiter, as any query that
 // finds no connection idle). The decision and the first dial's start are one
 // step under p.mu, so that queries that come together cannot each see no dial
@@ -37,7 +55,12 @@ func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 		return false
 	}
 	now := nanotime()
-	if cl.firstDial || p.dials > 0 && (p.firstDialAt > since || now-p.firstDialFrom < int64(firstDialShare)) {
+	burst := p.firstDialAt > since
+	window := !burst && now-p.firstDialFrom < int64(firstDialShare) && p.windowSharers < firstDialShareMax
+	if cl.firstDial || p.dials > 0 && (burst || window) {
+		if window && !cl.firstDial {
+			p.windowSharers++
+		}
 		p.firstDialAt = now
 		if !cl.firstDial {
 			cl.firstDial = true
@@ -46,7 +69,8 @@ func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 		return true
 	}
 	if p.dials == 0 && p.startDialLocked(0, true) {
-		p.firstDialFrom = now
+		p.firstDialFrom, p.windowSharers = now, 0
+		cl.startsFirst = true
 	}
 	p.firstDialAt = now
 	cl.burstStart = true
@@ -75,11 +99,34 @@ func (p *Pool) owedDials() int {
 
 // joinsFirst reports whether cl, finding no connection idle, goes on the
 // least loaded one rather than wait for a dial: it is of a burst that shared
-// the pool's first dial, or, before the first answer, it dialled for itself
-// before the pool had a connection and another query took that one (the
-// first to wake takes a new connection). Waiting for yet another dial, one
-// per query that came later, it could wait a handshake or more for each
-// (issue 21, seeds 74 and 107: 119 ms against forward's 83, 32 against 20).
+// the pool's first dial, or started that dial (its burst took the
+// connection), or waited while every connection was lost.
 func (p *Pool) joinsFirst(cl *call) bool {
-	return cl.firstDial || cl.sharesNext || cl.burstStart && p.learned.mode.usual.Load() == 0
+	return cl.firstDial || cl.startsFirst || cl.sharesNext
+}
+
+// joinFirst returns the pool's first connection for cl, finding no
+// connection idle, if cl dialled for itself before the pool had one, no
+// answer came yet, and fewer than firstDialShareMax queries are on it; nil
+// otherwise, and cl waits for a dial. Another query may have
+// taken the one cl dialled (the first to wake takes a new connection), and
+// waiting for yet another dial, one per query that came later, it could wait
+// a handshake or more for each (issue 21, seeds 74 and 107: 119 ms against
+// forward's 83, 32 against 20). Any number joining, or joining any
+// connection, an in-order upstream served them one after the other (seed
+// 132: p99 390-550 ms against forward's 223, with up to 8 on each
+// connection).
+func (p *Pool) joinFirst(cl *call, conns []*conn) *conn {
+	if !cl.burstStart || len(conns) == 0 || p.learned.mode.usual.Load() != 0 {
+		return nil
+	}
+	// The sharers still waiting, woken with cl when the connection opened,
+	// are not counted: counted, they left the connections dialled for the
+	// queries that came later to these, and in order the pool opened more
+	// than forward (property seeds 119 and 149: 132-136 connections at
+	// once against the model's 127 and 129, in 4 replays of 4).
+	if c := conns[0]; c.accepts(c.avail(), cl) && c.load.Load() < firstDialShareMax {
+		return c
+	}
+	return nil
 }

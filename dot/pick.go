@@ -329,6 +329,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			// A burst before the first answer, or a query that waited
 			// for the pool's first connection: see firstDialBurst.
 			best = cmp.Or(burst, best)
+		} else if f := p.joinFirst(cl, conns); idle == 0 && cl.avoid == nil && f != nil {
+			// One that dialled before the pool had a connection: see
+			// joinFirst.
+			best = f
 		} else if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter(cl) {
 			// No connection is idle (one near its end, idle, is taken:
 			// load 0): as forward does, the query waits for a new one

@@ -69,6 +69,7 @@ type Pool struct {
 	// before the pool had a connection, and when the first dial (one with
 	// none under way and no connection) started.
 	firstDialAt, firstDialFrom int64
+	windowSharers              int // guarded by mu: queries that shared the first dial by firstDialShare alone
 }
 
 // Stats is a snapshot of a pool's state.
