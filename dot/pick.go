@@ -319,8 +319,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		}
 		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
 			// An order check is due until one finds a connection to go on.
-			// Rolled once a query, when it first picks: a waiting query
-			// picks again on every wake (TestWaitingQueryIsNoOrderCheck).
+			// Rolled by a query before it waits (acquire's pick and
+			// acquireSlow's first look), not on its picks after a wake,
+			// which come as often as slots free
+			// (TestWaitingQueryIsNoOrderCheck).
 			pc := p.orderCheckConn(cl)
 			p.orderCheckDue.Store(pc == nil)
 			best = cmp.Or(pc, best)

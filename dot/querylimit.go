@@ -221,6 +221,11 @@ func (p *Pool) unlearnLimit(n int) {
 		l.n.Store(0)
 		l.until.Store(0)
 		l.probedAt.Store(0)
+		// The silences that taught it, if they did, are refuted with
+		// it: the next silence after as many answers needs the full
+		// evidence again (see silentBeyondLocked).
+		l.silentConn, l.silentServed = nil, 0
+		l.silentHint.Store(0)
 	}
 }
 

@@ -125,7 +125,7 @@ func (c *conn) closeCauseLocked(now int64, oldest, next *call, idle time.Duratio
 func (c *conn) stalledLocked(now int64, oldest, next *call) bool {
 	cfg := &c.pool.cfg
 	return next != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) &&
-		now-next.sentAt.Load() > int64(max(drainQuiet(cfg), cfg.StallTimeout/2)) && c.reads.Load() == oldest.readsAt.Load()
+		now-next.sentAt.Load() > int64(cfg.StallTimeout/2) && c.reads.Load() == oldest.readsAt.Load()
 }
 
 // drainStuckLocked updates the sweeper's view of the read counter and reports
