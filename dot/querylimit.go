@@ -25,14 +25,13 @@ type queryLimit struct {
 	prevN     int32
 	prevUntil int64
 	// The last connection that fell silent (see silentBeyondLocked), after
-	// how many answers, and whether another one before it did after as many.
+	// how many answers (0: none), and whether another one before it did
+	// after as many. silentServed is written under Pool.mu and read by the
+	// sweeper's silence watch without it: a second connection silent after
+	// as many answers needs less evidence to be judged so.
 	silentConn   *conn
-	silentServed int
+	silentServed atomic.Int64
 	silentAlike  bool
-	// silentHint is silentServed, for the sweeper's silence watch without
-	// p.mu: a second connection silent after as many answers needs less
-	// quiet to be judged so (see silentQuiet). 0: none fell silent.
-	silentHint atomic.Int64
 
 	probedAt atomic.Int64 // unix ns when a connection last went past n (see probe)
 }
@@ -224,8 +223,8 @@ func (p *Pool) unlearnLimit(n int) {
 		// The silences that taught it, if they did, are refuted with
 		// it: the next silence after as many answers needs the full
 		// evidence again (see silentBeyondLocked).
-		l.silentConn, l.silentServed = nil, 0
-		l.silentHint.Store(0)
+		l.silentConn = nil
+		l.silentServed.Store(0)
 	}
 }
 
@@ -288,8 +287,8 @@ func (p *Pool) silenceAlike(c *conn, served int) bool {
 	if l.silentConn == c {
 		return l.silentAlike
 	}
-	l.silentAlike = l.silentConn != nil && alike(served, l.silentServed)
-	l.silentConn, l.silentServed = c, served
-	l.silentHint.Store(int64(served))
+	l.silentAlike = l.silentConn != nil && alike(served, int(l.silentServed.Load()))
+	l.silentConn = c
+	l.silentServed.Store(int64(served))
 	return l.silentAlike
 }

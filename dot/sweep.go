@@ -115,13 +115,15 @@ func (c *conn) closeCauseLocked(now int64, oldest, next *call, idle time.Duratio
 
 // stalledLocked: the oldest outstanding query is older than the stall timeout,
 // not a single frame was read since it was written, and a later query has gone
-// unanswered for half the stall timeout too. Not drainQuiet: an out-of-order
-// connection that carried one slow name, then queries whose answers all came
-// slowly (a storm), was closed 500 ms into them and they were replayed into
-// the same storm (property seed 102, TestSlowAnswersAfterASlowNameAreNoStall). A slow answer on a connection that is still
-// answering others is not a stall, and neither is one unanswered query on an
-// otherwise idle connection: a server may drop a query or take long over it, and
-// only a second query tells a dead connection from that.
+// unanswered for half the stall timeout too. Not drainQuiet: an
+// out-of-order connection that carried one slow name, then queries whose
+// answers all came slowly (a storm), was closed 500 ms into them and they
+// were replayed into the same storm (property seed 102,
+// TestSlowAnswersAfterASlowNameAreNoStall). A slow answer on a connection
+// that is still answering others is not a stall, and neither is one
+// unanswered query on an otherwise idle connection: a server may drop a
+// query or take long over it, and only a second query tells a dead
+// connection from that.
 func (c *conn) stalledLocked(now int64, oldest, next *call) bool {
 	cfg := &c.pool.cfg
 	return next != nil && now-oldest.sentAt.Load() > int64(cfg.StallTimeout) &&
@@ -184,26 +186,34 @@ func (c *conn) silentBeyondLocked(now int64) int {
 	// silence came 200 ms after the first and p99 was 677 ms against the
 	// model's 140).
 	need := manySilentBeyond
-	if h := p.learned.limit.silentHint.Load(); h > 0 && alike(int(c.lastServed), int(h)) {
+	if h := p.learned.limit.silentServed.Load(); h > 0 && alike(int(c.lastServed), int(h)) {
 		need = minSilentBeyond
 	}
-	if c.beyondLocked(short) >= need || quiet >= long && c.beyondLocked(long) >= minSilentBeyond {
+	byShort, byLong := c.beyondLocked(short, long)
+	if byShort >= need || quiet >= long && byLong >= minSilentBeyond {
 		return int(c.lastServed)
 	}
 	return 0
 }
 
 // beyondLocked counts c's live queries written after the last one served
-// and quiet before a query answered elsewhere was: not a storm, which delays
-// every answer alike. c.mu must be held.
-func (c *conn) beyondLocked(quiet int64) int {
-	before, beyond := c.pool.sizer.newestSent-quiet, 0
+// and short (and long, which is no shorter) before a query answered
+// elsewhere was: not a storm, which delays every answer alike. c.mu must be
+// held.
+func (c *conn) beyondLocked(short, long int64) (byShort, byLong int) {
+	newest := c.pool.sizer.newestSent
 	for _, cl := range c.calls {
-		if cl.tombUntil == 0 && cl.state.Load() == callSent && cl.seq > c.lastServed && cl.sentAt.Load() <= before {
-			beyond++
+		if cl.tombUntil != 0 || cl.state.Load() != callSent || cl.seq <= c.lastServed {
+			continue
+		}
+		if s := cl.sentAt.Load(); s <= newest-short {
+			byShort++
+			if s <= newest-long {
+				byLong++
+			}
 		}
 	}
-	return beyond
+	return byShort, byLong
 }
 
 // watchSilence looks for silent connections (see silentBeyondLocked) on the
