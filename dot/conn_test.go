@@ -2,6 +2,7 @@ package dot
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -429,4 +430,56 @@ func TestReplayGoesWithinItsCut(t *testing.T) {
 	if got := p.pick(cl); got != conns[0] {
 		t.Errorf("With no connection within the cut, the replay went to connection %d, want 0 (the oldest with room)", slices.Index(conns, got))
 	}
+}
+
+// A replay that no connection within its cut takes, while the mode is unknown
+// and the depth bound holds (queueDepth), goes where any query would: onto an
+// open connection with room under the bound. It went, as one turned away by
+// the bound, to pickIdle, which dialled a connection for it (dialForWaiter),
+// and then took a slot on an open one with its cut cleared (pick): the dial
+// was left a spare.
+func TestReplayBeyondItsCutDialsNone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hang := func(ctx context.Context, _, _ string) (net.Conn, error) { <-ctx.Done(); return nil, ctx.Err() }
+		p, err := New(Config{Addr: "127.0.0.1:853", TLS: &tls.Config{ServerName: "dot.test"}, MaxInflight: 64, Observer: newRecorder(), Dial: hang})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		p.noOrderChecks.Store(true)
+		var conns []*conn
+		for range 2 {
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			bc := &batchConn{Conn: a}
+			c := newConn(p, tls.Client(bc, p.tls), bc)
+			for range 2 {
+				if !c.register(newTestCall(mustPrepare(t, "taken.example."))) {
+					t.Fatal("register failed")
+				}
+			}
+			c.servedAt.Store(nanotime()) // its queue is served: see servedLately
+			conns = append(conns, c)
+		}
+		p.mu.Lock()
+		p.conns.Store(&conns)
+		p.mu.Unlock()
+		ms := int64(time.Millisecond)
+		p.learned.mode.usual.Store(ms)
+		p.learned.mode.spacing.Store(ms)
+		p.dialTime.Store(5 * ms)
+		p.servingAt.Store(nanotime())
+		if d := p.queueDepth(); d != 5 {
+			t.Fatalf("queueDepth %d, want 5: the test tests nothing", d)
+		}
+		cl := newTestCall(mustPrepare(t, "replayed.example."))
+		cl.within = 2 // each connection took 2: none within the cut
+		if got := p.pick(cl); got == nil {
+			t.Errorf("The replay went on no connection, want one of the two with room")
+		}
+		if d := p.dialing.Load(); d != 0 {
+			t.Errorf("%d dials under way for a replay that went on an open connection, want 0", d)
+		}
+	})
 }

@@ -146,11 +146,15 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			// move later (issue 21, seed 97).
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 		}
-		if best == nil && depth < slots && p.servedLately(served) {
+		if best == nil && depth < slots && cl.within == 0 && p.servedLately(served) {
 			// Every connection with room holds a queue that, were the
 			// upstream in order, would take longer than a dial, and
 			// queues are being served: the query goes as pickIdle sends
-			// it (an idle connection, or a dial of its own).
+			// it (an idle connection, or a dial of its own). Not a
+			// replay held by its cut: it looks at the open connections
+			// again without it first (pick), and a dial pickIdle started
+			// for it was left a spare when it took a slot there
+			// (TestReplayBeyondItsCutDialsNone).
 			return p.pickIdle(cl)
 		}
 		if best == nil {
