@@ -47,6 +47,10 @@ type call struct {
 	// waited while every connection was lost, after an answer, and shares
 	// the next one. The caller's only.
 	waited, firstDial, burstStart, sharesNext, startsFirst bool
+	// turnedAway: the depth bound turned it away and pickIdle looks for
+	// it, so that a dial started for it is the bound's (boundspares.go).
+	// The caller's only.
+	turnedAway bool
 
 	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send
 	// the query again elsewhere; lost, when the caller gave it up because the

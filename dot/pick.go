@@ -155,7 +155,10 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			// again without it first (pick), and a dial pickIdle started
 			// for it was left a spare when it took a slot there
 			// (TestReplayBeyondItsCutDialsNone).
-			return p.pickIdle(cl)
+			cl.turnedAway = true
+			c := p.pickIdle(cl)
+			cl.turnedAway = false
+			return c
 		}
 		if best == nil {
 			return nil
@@ -222,10 +225,11 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 // the spacing meanwhile, as it grew with the saturated upstream's queue,
 // dialled 193-198 connections in that test, and once a connection carries a
 // query or two, its answers come a round of the upstream's turns apart,
-// which looks like in-order service and keeps the bound.
+// which looks like in-order service and keeps the bound. Nor while the
+// bound's dials opened as spares (boundspares.go).
 func (p *Pool) queueDepth() int32 {
 	slots := int32(p.cfg.MaxInflight)
-	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown || p.boundOff.Load() {
 		return slots
 	}
 	m := &p.learned.mode
@@ -428,7 +432,13 @@ func (p *Pool) dialForWaiter(cl *call) bool {
 	if p.dials > 0 && p.owedDials() <= p.dials {
 		return true
 	}
-	return p.startDialLocked(0, true)
+	if !p.startDialLocked(0, true) {
+		return false
+	}
+	if cl.turnedAway {
+		p.boundDials++
+	}
+	return true
 }
 
 // dialForRescue starts a dial, within what the load needs (see neededNow),
