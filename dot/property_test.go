@@ -235,6 +235,7 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 	var o loadOutcome
 	synctest.Test(t, func(t *testing.T) {
 		up := newSimUpstream(t, b)
+		up.side = "pool"
 		tlsCfg := up.cert.ClientTLS(dottest.ServerName)
 		tlsCfg.CurvePreferences = up.tls.CurvePreferences
 		cfg := Config{Addr: "127.0.0.1:853", TLS: tlsCfg,
@@ -266,6 +267,7 @@ func runForward(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 	var o loadOutcome
 	synctest.Test(t, func(t *testing.T) {
 		up := newSimUpstream(t, b)
+		up.side = "forward"
 		f := &forwardModel{up: up}
 		o = offerLoad(ld, propertySlack(b), func(_ context.Context, m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 			return f.exchange(m, deadline)

@@ -50,3 +50,15 @@ func (o *traceObserver) Sized(wanted, taking int) {
 }
 
 var _ SizeObserver = (*traceObserver)(nil)
+
+// traceOpenLocked prints, with -property.trace, how many connections the
+// upstream counts open, on each open and close: the peak the verdict compares
+// is the upstream's count, and a connection the pool is closing counts until
+// the upstream sees it closed. Printed for the pool's run and the model's
+// alike (side), on each one's virtual clock, so that the moment the pool's
+// count first passes the model's can be read off the two. u.mu must be held.
+func (u *simUpstream) traceOpenLocked() {
+	if *propertyTrace {
+		fmt.Fprintf(os.Stderr, "%10.3fms upstream (%s): %d open\n", float64(u.since().Microseconds())/1000, u.side, len(u.conns))
+	}
+}

@@ -34,6 +34,7 @@ type simUpstream struct {
 	peak   int                   // guarded by mu: the most connections ever open at once
 	dials  int                   // guarded by mu
 	closed bool                  // guarded by mu
+	side   string                // with -property.trace, whose upstream it is ("pool", "forward"): see traceOpen
 	wg     sync.WaitGroup
 }
 
@@ -73,6 +74,7 @@ func (u *simUpstream) dial(ctx context.Context, withTLS bool) (net.Conn, error) 
 	}
 	u.conns[sc] = struct{}{}
 	u.peak = max(u.peak, len(u.conns))
+	u.traceOpenLocked()
 	u.dials++
 	u.wg.Add(1)
 	u.mu.Unlock()
@@ -84,6 +86,7 @@ func (u *simUpstream) connClosed(sc *simConn) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	delete(u.conns, sc)
+	u.traceOpenLocked()
 }
 
 // drawJitter draws the jitter of an answer to name, in [-1, 1]: from the seed,
