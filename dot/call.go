@@ -58,7 +58,12 @@ type call struct {
 	// evicted (with lost), when it was sent again elsewhere because it went
 	// past a newly learned query limit (conn.evictBeyondLocked).
 	rescued, lost, evicted bool
-	wonAt                  int64
+	// ticket: its place in the waiting room's order while it waits
+	// (waitOrder); 0 while it does not. The caller's only. Here, beside the
+	// bools, it takes what was padding: a query stays within its size class
+	// (TestQueryAndAnswerAllocateOnceEach).
+	ticket uint32
+	wonAt  int64
 
 	completions atomic.Int32 // how often complete ran: the tests hold it to exactly 1
 

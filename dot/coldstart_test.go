@@ -37,7 +37,7 @@ func TestColdStartInOrderQueueLeaves(t *testing.T) {
 // first: an in-order upstream would serve a slow handshake's worth of
 // queries gathered on it one after the other (issue 21, seeds 79, 149).
 // Until the first answer, one that loses the connection it dialled to
-// another (the first to wake takes a new connection) goes on the least
+// another (an older waiter takes each new connection first) goes on the least
 // loaded one rather than wait for the dials of those that came after it
 // (seeds 74, 107). Here, out of order: a handshake takes 80 ms, an answer
 // 25 ms, and five queries come 15 ms apart: five handshakes, and every

@@ -20,6 +20,8 @@
 //   - pool.go: the Pool: dialing, a connection's end, Stats, closing.
 //   - waiting.go: the waiting room: a query no connection has room for
 //     waits, bounded, for a slot, a dial or its deadline.
+//   - waitorder.go: its order: one query a connection, an idle one goes to
+//     the query that has waited longest.
 //   - pick.go: the hot path: picking a connection for a call as the mode says
 //     (filled in turn, while the mode is unknown no deeper than a dial is worth:
 //     queueDepth; or one query each: oneEach, bursts before the first answer).

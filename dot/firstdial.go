@@ -113,13 +113,19 @@ func (p *Pool) joinsFirst(cl *call) bool {
 // connection idle, if cl dialled for itself before the pool had one, no
 // answer came yet, and fewer than firstDialShareMax queries are on it; nil
 // otherwise, and cl waits for a dial. Another query may have
-// taken the one cl dialled (the first to wake takes a new connection), and
+// taken the one cl dialled (the first to wake took a new connection, before
+// the waiters took them in their order: see waitOrder), and
 // waiting for yet another dial, one per query that came later, it could wait
 // a handshake or more for each (issue 21, seeds 74 and 107: 119 ms against
 // forward's 83, 32 against 20). Any number joining, or joining any
 // connection, an in-order upstream served them one after the other (seed
 // 132: p99 390-550 ms against forward's 223, with up to 8 on each
-// connection).
+// connection). Taken in order, the connections no longer need it for
+// seeds 74 and 107, and it costs seed 45 an answer time (in order, 87 ms
+// answers: two queries that came 11 and 21 ms after the first join it,
+// behind it, 277 ms against forward's 115); without it, though, seeds 79,
+// 119 and 149 open 2-5 connections more than forward (in 1 replay of 1
+// each), and 92 answers 56 queries of forward's 58.
 func (p *Pool) joinFirst(cl *call, conns []*conn) *conn {
 	if !cl.burstStart || len(conns) == 0 || p.learned.mode.usual.Load() != 0 {
 		return nil

@@ -325,6 +325,9 @@ func (p *Pool) pickIdle(cl *call) *conn {
 				best, load = c, l
 			}
 		}
+		if load == 0 && best != nil && p.yieldsIdle(cl) {
+			return nil // an idle connection, but an older waiter's: see waitOrder
+		}
 		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
 			// An order check is due until one finds a connection to go on.
 			// Rolled by a query before it waits (acquire's pick and

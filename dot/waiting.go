@@ -58,6 +58,8 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 		p.rescuers.Add(1)
 		defer p.rescuers.Add(-1)
 	}
+	p.enterOrder(cl)
+	defer p.leaveOrder(cl)
 	w := slotWait{ctx: ctx, cl: cl, other: other, got: got}
 	defer w.stop()
 	for {
