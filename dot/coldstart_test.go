@@ -145,33 +145,3 @@ func TestFirstDialSharedByFewInWindow(t *testing.T) {
 		checkOutcomes(t, <-done, func(string) time.Duration { return time.Second })
 	})
 }
-
-// Queries that come in pairs while the pool's first dial is under way, the
-// pairs 100 µs apart (more than shareWindow: no burst) and the second of a
-// pair 20 µs after the first: the first of a pair shares the first dial by
-// firstDialShare, the second as the first's burst. Once firstDialShareMax
-// first ones shared it, the next ones are turned away, and their seconds
-// with them: a query turned away starts no chain that shares. It did (it
-// set the burst's last arrival), and the cap held only while no query came
-// within shareWindow of one turned away: 40 pairs put 56 on the first dial.
-func TestFirstDialCapNotChainedPast(t *testing.T) {
-	const pairs, gap, second = 40, 100 * time.Microsecond, 20 * time.Microsecond
-	bubble(t, dottest.Options{InOrder: true}, 60*time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		p.noOrderChecks.Store(true)
-		done := make(chan []regimeOutcome)
-		go func() {
-			done <- offerPaced(p, 2*pairs+1, func(i int) time.Duration {
-				if i%2 == 0 {
-					return gap - second
-				}
-				return second
-			}, names("q"))
-		}()
-		time.Sleep(pairs*gap + time.Millisecond) // every query came, no dial is done
-		synctest.Wait()
-		if n, want := p.sharers.Load(), int32(2*firstDialShareMax); n > want {
-			t.Errorf("%d queries share the first dial, want at most %d (the capped ones and their bursts)", n, want)
-		}
-		checkOutcomes(t, <-done, func(string) time.Duration { return time.Second })
-	})
-}

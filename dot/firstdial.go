@@ -36,8 +36,7 @@ const firstDialShareMax = 16
 
 // firstDialBurst reports, for a query that arrives before the pool has a
 // connection, whether it shares the dial under way: it comes within
-// shareWindow of the last query that shared it or started it (after
-// since), a burst, or
+// shareWindow of the last query that came so (after since), a burst, or
 // within firstDialShare of the first dial's start while fewer than
 // firstDialShareMax shared it so, or it already shares (cl.firstDial). Any
 // other starts a burst: the first dial, here, if none is
@@ -71,12 +70,9 @@ func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 	}
 	if p.dials == 0 && p.startDialLocked(0, true) {
 		p.firstDialFrom, p.windowSharers = now, 0
-		p.firstDialAt = now
 		cl.startsFirst = true
 	}
-	// One turned away does not extend the burst: the next query within
-	// shareWindow of it would share uncapped, and so on down the chain
-	// (TestFirstDialCapNotChainedPast: 56 on the first dial, not 32).
+	p.firstDialAt = now
 	cl.burstStart = true
 	return false
 }
