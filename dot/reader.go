@@ -96,6 +96,7 @@ func (c *conn) dispatch(frame []byte) {
 			c.servedAt.Store(now)
 		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()
+		c.answers.others = len(c.calls)
 		c.answers.note(cl.seq, cl.sentAt.Load(), now, drop < 0)
 		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence || c.answers.gapN > 0 && c.pool.spacingWanted()) && !c.pool.learnDue.Load() {
 			// Enough to learn in order from, or the first busy answers
