@@ -32,6 +32,7 @@ func TestDesignNumbers(t *testing.T) {
 		"firstDialShare":           firstDialShare,
 		"firstDialShareMax":        firstDialShareMax,
 		"slowWeightUnit":           slowWeightUnit,
+		"minOrderedQueue":          minOrderedQueue,
 		"minCrowdedEvidence":       minCrowdedEvidence,
 		"crowdedFactor":            crowdedFactor,
 		"crowdedMargin":            crowdedMargin,

@@ -97,6 +97,9 @@ func (p *Pool) slowUnknown() bool {
 // queries and answers large: each costs one syscall, and a TLS record read,
 // at each end, whatever its size.
 func (p *Pool) pickInTurn(cl *call) *conn {
+	if p.awaitsItsDial(cl) {
+		return p.pickIdle(cl)
+	}
 	slots := int32(p.cfg.MaxInflight) // per connection
 	depth := p.queueDepth()           // the queries one is given: slots or fewer
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
@@ -221,11 +224,13 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 // servingAt): it paused, and more connections would not shorten the pause
 // (TestPausingUpstreamKeepsFewConnections). Until the first answer and the
 // first dial are timed, a query each anyway (slowUnknown); until the first
-// busy answers are (the next learn), no bound: taking the answer time for
-// the spacing meanwhile, as it grew with the saturated upstream's queue,
-// dialled 193-198 connections in that test, and once a connection carries a
-// query or two, its answers come a round of the upstream's turns apart,
-// which looks like in-order service and keeps the bound. Nor while the
+// busy answers are (the next tick's learn, see spacingWanted), no bound:
+// taking the answer time for the spacing meanwhile, as it grew with the
+// saturated upstream's queue, dialled 193-198 connections in that test (195
+// again in session 15), and once a connection carries a query or two, its
+// answers come a round of the upstream's turns apart, which looks like
+// in-order service and keeps the bound. Only a query that waited for a dial
+// of its own keeps waiting for it meanwhile (awaitsItsDial). Nor while the
 // bound's dials opened as spares (boundspares.go).
 func (p *Pool) queueDepth() int32 {
 	slots := int32(p.cfg.MaxInflight)
@@ -242,6 +247,31 @@ func (p *Pool) queueDepth() int32 {
 		return slots
 	}
 	return int32(min(d/s, int64(slots)))
+}
+
+// awaitsItsDial reports whether cl, a query that waited for a connection
+// dialled for it (dialForWaiter), goes as pickIdle sends it (an idle
+// connection, or the dial) rather than in turn: the mode is unknown and no
+// busy connection's answers are timed yet, so that queueDepth sets no bound.
+// The pool's first answer wakes every waiting query at once: pipelined, the
+// queries that came during a slow handshake all went on one connection
+// (issue 21, seed 29: 85 at once, 37 ms handshakes, at 2,755 QPS), which an
+// in-order upstream served one after the other, while the dials under way
+// for them, as forward's, were done within a handshake.
+func (p *Pool) awaitsItsDial(cl *call) bool {
+	m := &p.learned.mode
+	return cl.waited && cl.avoid == nil && !p.joinsFirst(cl) && p.cfg.MaxConns == 0 &&
+		m.get() == ModeUnknown && m.spacing.Load() == 0
+}
+
+// spacingWanted reports whether the spacing of a busy connection's answers
+// is wanted and not yet timed: the upstream is fast, its queries pipelined,
+// and queueDepth sets no bound until it is (see awaitsItsDial). A busy
+// answer then has the sweeper learn at its next tick, not at the next full
+// sweep. Not for a slow upstream: its queries go one to a connection anyway
+// (pickIdle), which no depth bounds.
+func (p *Pool) spacingWanted() bool {
+	return p.learned.mode.spacing.Load() == 0 && !p.slowUnknown()
 }
 
 // queueShared: queueDepth bounds a connection's queue only while a query

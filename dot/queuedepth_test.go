@@ -105,3 +105,49 @@ func TestQueueDepthBySpacing(t *testing.T) {
 		}
 	})
 }
+
+// Before the pool's first answer, each query that finds its one connection
+// busy waits for a dial of its own, as forward's would. The first answer
+// (a fast upstream: 5 ms, behind handshakes of 30 ms) wakes them all at
+// once, before any busy connection's answers are timed (queueDepth sets no
+// bound yet): they still wait for their dials, or take a connection that is
+// idle, rather than go one behind the other on the connection that
+// answered, where an in-order upstream serves them one at a time (issue
+// 21, property seed 29: 85 queries went on one connection at its first
+// answer, and waited up to 130 ms against forward's 67).
+func TestFirstAnswerLeavesWaitersTheirDials(t *testing.T) {
+	const service, handshake, n = 5 * time.Millisecond, 30 * time.Millisecond, 20
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		first := offerFor(p, 1, 0, func(int) string { return "first.example." })
+		time.Sleep(handshake + time.Millisecond) // its connection is open, its answer not yet in
+		out := offer(p, n, 200*time.Microsecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, first(), func(string) time.Duration { return handshake + service })
+		// Each waits a handshake for its dial, and its answer: as forward.
+		checkOutcomes(t, out, func(string) time.Duration { return handshake + 2*service })
+	})
+}
+
+// The spacing of a busy connection's answers is learned at the sweeper's
+// next tick after the pool's first busy answer, not at the next full sweep
+// (100 ms with the default timeouts): until then queueDepth sets no bound,
+// and a query that waited for its dial keeps waiting for it
+// (awaitsItsDial), while every other query is pipelined however deep.
+func TestFirstBusyAnswersTimeTheSpacingAtOnce(t *testing.T) {
+	const service, handshake = 5 * time.Millisecond, 2 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		if _, err := exchange(p, "first.example."); err != nil { // times the upstream: fast, pipelined
+			t.Fatal(err)
+		}
+		start := time.Now()
+		checkOutcomes(t, offer(p, 3, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) }),
+			func(string) time.Duration { return 4 * service })
+		time.Sleep(3 * service) // a tick or two: the sweeper ticks at a quarter of the rescue delay while busy
+		if sp, since := p.learned.mode.spacing.Load(), time.Since(start); sp == 0 || since >= p.sweepInterval() {
+			t.Errorf("Spacing %v, %v after three queries written together, want it timed by then (before the full sweep at %v)", time.Duration(sp), since, p.sweepInterval())
+		}
+	})
+}

@@ -96,9 +96,13 @@ func (c *conn) dispatch(frame []byte) {
 			c.servedAt.Store(now)
 		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()
+		c.answers.others = len(c.calls)
 		c.answers.note(cl.seq, cl.sentAt.Load(), now, drop < 0)
-		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence) && !c.pool.learnDue.Load() {
-			c.pool.learnDue.Store(true) // enough to learn in order from: at the next tick, not the next full sweep
+		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence || c.answers.gapN > 0 && c.pool.spacingWanted()) && !c.pool.learnDue.Load() {
+			// Enough to learn in order from, or the first busy answers
+			// timing the spacing (see spacingWanted): at the next tick,
+			// not the next full sweep.
+			c.pool.learnDue.Store(true)
 		}
 	}
 	first := drop < 0 && c.answered == 1

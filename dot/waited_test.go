@@ -3,6 +3,7 @@ package dot
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +112,43 @@ func TestFastInOrderSlowNamesLearned(t *testing.T) {
 			t.Errorf("%d of %d fast queries took more than %v, want %d at most (order checks)", late, len(out), limit, checks)
 		}
 	})
+}
+
+// A queue written at once and answered in write order, each answer a
+// service time (5 ms) after the one before, with many calls still
+// outstanding behind it: out of order, the next answer would be the next
+// call in write order about once in as many times as calls wait, so two
+// such answers are as much evidence of in order as minSlowEvidence slow
+// gaps (orderWeight). Their weight beyond the gaps' is no busy answer more
+// (busy counts the gaps alone); behind fewer than minOrderedQueue calls, or
+// from a slow upstream (usual unknownSlow or more), a slow gap weighs what
+// it did.
+func TestOrderedQueueWeighsAsInOrder(t *testing.T) {
+	ms := int64(time.Millisecond)
+	deep := math.Log2(39) + math.Log2(38) // behind 38, then 37
+	if deep < minSlowEvidence {
+		t.Fatalf("Two ordered answers behind 38 and 37 weigh %v, want minSlowEvidence (%v) at least", deep, float64(minSlowEvidence))
+	}
+	for _, tc := range []struct {
+		name     string
+		queued   int   // calls written together
+		usual    int64 // ms
+		busySlow float64
+	}{
+		{"behind a deep queue", 40, 5, deep},
+		{"behind a short one", minOrderedQueue, 5, 2},
+		{"from a slow upstream", 40, unknownSlow.Milliseconds(), 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := answerLog{usual: tc.usual * ms}
+			for i := range 3 { // the first alone (written after no answer), then two busy ones 5 ms apart
+				l.others = tc.queued - 1 - i
+				l.note(uint32(i+1), 1, int64(5*(i+1))*ms, true)
+			}
+			st := l.collect()
+			if st.busy != 2 || st.busySlow != tc.busySlow {
+				t.Errorf("Evidence %+v, want busy 2, slow %v", st.evidence, tc.busySlow)
+			}
+		})
+	}
 }
