@@ -242,7 +242,10 @@ func TestSilentWhileAnsweringTeachesTheLimit(t *testing.T) {
 // silent connection teaches no limit (it may have been slow names), but its
 // queries past the last one served go elsewhere at once all the same. Left
 // in place, they waited for its cut, 640 ms after its 4th query (property
-// seed 63: p99 580 ms against 446 ms).
+// seed 63: p99 580 ms against 446 ms). That cut, which comes while queries
+// it ignored are still out, confirms the silence: it teaches the limit then,
+// not before. Taken for a drained connection's cut, it taught nothing
+// (property seed 41: the limit waited 640 ms more for a second cut).
 func TestOneSilentConnectionSendsItsQueriesElsewhere(t *testing.T) {
 	srv := newTrickleServer(20)
 	mod := func(c *Config) { c.MaxInflight = 14 }
@@ -258,12 +261,47 @@ func TestOneSilentConnectionSendsItsQueriesElsewhere(t *testing.T) {
 			}
 			return 10 * time.Millisecond
 		}
+		start := time.Now()
+		learnedAt := watchLimit(p)
 		out := offerPaced(p, 33, pause, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		srv.checkIgnored(t, out, 300*time.Millisecond)
-		if l := p.learned.limit.get(); l != 0 {
-			t.Errorf("Learned limit %d, want none: one silent connection teaches none", l)
+		// The cut comes with the trickle's last answer, 640 ms after the
+		// connection's 4th query; the silence within 300 ms.
+		if at := learnedAt(); at == 0 || at < start.Add(600*time.Millisecond).UnixNano() {
+			t.Errorf("Limit learned %v after the start, want at the silent connection's cut (600 ms or later; 0: never)", time.Duration(max(at-start.UnixNano(), 0)))
+		}
+		if l := p.learned.limit.get(); l != 19 {
+			t.Errorf("Learned limit %d, want 19: the cut after 20 answers, less the margin", l)
 		}
 	})
+}
+
+// watchLimit samples p's learned query limit every millisecond; the function
+// it returns stops that and reports when (unix ns) a limit was first seen, 0
+// if never.
+func watchLimit(p *Pool) func() int64 {
+	var at atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if at.Load() == 0 && p.learned.limit.get() != 0 {
+					at.Store(time.Now().UnixNano())
+				}
+			}
+		}
+	})
+	return func() int64 {
+		close(stop)
+		wg.Wait()
+		return at.Load()
+	}
 }
 
 // trickleServer is the server of the two tests above: it ignores the queries

@@ -239,17 +239,19 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 //
 // One silent connection may be one whose queries were all slow names: it
 // teaches only if another one fell silent after as many answers (give or
-// take one) before. What other connections served does not refute it (see
-// refutesLimit): served is the write order of the last query answered, not a
-// count, and an upstream that turned in order while the pool held it out of
-// order falls silent so on every connection; the limit, once taught, moves
-// the queries off all of them (TestRegimeSwitchingUpstream timed queries out
-// while a limit refuted so moved them off the silent one alone). Before
-// that, a silent connection's own queries past it go elsewhere all the same:
+// take one) before, or once the server cuts it with queries it ignored
+// still out (see cutConfirmsLocked). What other connections served does not
+// refute it (see refutesLimit): served is the write order of the last query
+// answered, not a count, and an upstream that turned in order while the
+// pool held it out of order falls silent so on every connection; the limit,
+// once taught, moves the queries off all of them (TestRegimeSwitchingUpstream
+// timed queries out while a limit refuted so moved them off the silent one
+// alone). Before that, a silent connection's own queries past it go elsewhere all the same:
 // if they were slow names, that costs their wait so far and a connection; if
 // not, they would wait for its cut (property seed 63: p99 580 ms against 446
 // ms, where 1.2 times the model's and 5 ms is 533 ms).
 func (p *Pool) learnSilence(c *conn, served int) {
+	c.markSilent(served)
 	if !p.silenceAlike(c, served) {
 		c.setQueryLimit(served)
 		return
