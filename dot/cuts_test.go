@@ -628,3 +628,45 @@ func TestSilenceSeenWithinAnAnswerTime(t *testing.T) {
 		}
 	})
 }
+
+// A burst that comes while the server is slow to answer (a storm, a stall)
+// goes over the connections already open rather than 60 deep onto the
+// oldest: before answers show how deep a connection may go, one takes no
+// more than twice the most answers one served and unprovenDepth more (see
+// queryLimit.reach). Piled onto the oldest, the 20 past the server's limit
+// of 40 were ignored until its cut, after the 40th answer, and answered a
+// slow answer time later (property seed 178: 123 queries timed out against
+// the model's 18).
+func TestBurstSpreadsOverOpenConnectionsBeforeDepthIsProven(t *testing.T) {
+	const limit, slow = 40, 100 * time.Millisecond
+	var delay atomic.Int64
+	delay.Store(int64(time.Millisecond))
+	opts := dottest.Options{CloseAfter: limit, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "order.example." {
+			return 20 * time.Millisecond
+		}
+		return time.Duration(delay.Load())
+	}}
+	bubble(t, opts, 20*time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// Before the first answer (a handshake of 20 ms, then 1 ms),
+		// queries that come later than firstDialShare after the first dial
+		// started dial their own: five connections.
+		pause := func(i int) time.Duration { return []time.Duration{11, 2, 2, 2, 0}[i] * time.Millisecond }
+		for _, o := range offerPaced(p, 5, pause, func(i int) string { return fmt.Sprintf("cold%d.example.", i) }) {
+			if o.err != nil {
+				t.Fatalf("Query %s: %v", o.name, o.err)
+			}
+		}
+		warmOutOfOrder(t, p)
+		if n := len(*p.conns.Load()); n < 4 {
+			t.Fatalf("%d connections open before the burst, want 4 or more", n)
+		}
+		delay.Store(int64(slow))
+		out := offer(p, 60, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		for _, o := range out {
+			if o.err != nil || o.took > slow+slow/2 {
+				t.Errorf("Query %s took %v (%v), want at most %v: not past a connection's limit", o.name, o.took, o.err, slow+slow/2)
+			}
+		}
+	})
+}
