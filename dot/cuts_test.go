@@ -242,7 +242,10 @@ func TestSilentWhileAnsweringTeachesTheLimit(t *testing.T) {
 // silent connection teaches no limit (it may have been slow names), but its
 // queries past the last one served go elsewhere at once all the same. Left
 // in place, they waited for its cut, 640 ms after its 4th query (property
-// seed 63: p99 580 ms against 446 ms).
+// seed 63: p99 580 ms against 446 ms). That cut, which comes while queries
+// it ignored are still out, confirms the silence: it teaches the limit then,
+// not before. Taken for a drained connection's cut, it taught nothing
+// (property seed 41: the limit waited 640 ms more for a second cut).
 func TestOneSilentConnectionSendsItsQueriesElsewhere(t *testing.T) {
 	srv := newTrickleServer(20)
 	mod := func(c *Config) { c.MaxInflight = 14 }
@@ -258,12 +261,47 @@ func TestOneSilentConnectionSendsItsQueriesElsewhere(t *testing.T) {
 			}
 			return 10 * time.Millisecond
 		}
+		start := time.Now()
+		learnedAt := watchLimit(p)
 		out := offerPaced(p, 33, pause, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		srv.checkIgnored(t, out, 300*time.Millisecond)
-		if l := p.learned.limit.get(); l != 0 {
-			t.Errorf("Learned limit %d, want none: one silent connection teaches none", l)
+		// The cut comes with the trickle's last answer, 640 ms after the
+		// connection's 4th query; the silence within 300 ms.
+		if at := learnedAt(); at == 0 || at < start.Add(600*time.Millisecond).UnixNano() {
+			t.Errorf("Limit learned %v after the start, want at the silent connection's cut (600 ms or later; 0: never)", time.Duration(max(at-start.UnixNano(), 0)))
+		}
+		if l := p.learned.limit.get(); l != 19 {
+			t.Errorf("Learned limit %d, want 19: the cut after 20 answers, less the margin", l)
 		}
 	})
+}
+
+// watchLimit samples p's learned query limit every millisecond; the function
+// it returns stops that and reports when (unix ns) a limit was first seen, 0
+// if never.
+func watchLimit(p *Pool) func() int64 {
+	var at atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if at.Load() == 0 && p.learned.limit.get() != 0 {
+					at.Store(time.Now().UnixNano())
+				}
+			}
+		}
+	})
+	return func() int64 {
+		close(stop)
+		wg.Wait()
+		return at.Load()
+	}
 }
 
 // trickleServer is the server of the two tests above: it ignores the queries
@@ -587,6 +625,48 @@ func TestSilenceSeenWithinAnAnswerTime(t *testing.T) {
 		}
 		if l := p.learned.limit.get(); l != limit-2 {
 			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		}
+	})
+}
+
+// A burst that comes while the server is slow to answer (a storm, a stall)
+// goes over the connections already open rather than 60 deep onto the
+// oldest: before answers show how deep a connection may go, one takes no
+// more than twice the most answers one served and unprovenDepth more (see
+// queryLimit.reach). Piled onto the oldest, the 20 past the server's limit
+// of 40 were ignored until its cut, after the 40th answer, and answered a
+// slow answer time later (property seed 178: 123 queries timed out against
+// the model's 18).
+func TestBurstSpreadsOverOpenConnectionsBeforeDepthIsProven(t *testing.T) {
+	const limit, slow = 40, 100 * time.Millisecond
+	var delay atomic.Int64
+	delay.Store(int64(time.Millisecond))
+	opts := dottest.Options{CloseAfter: limit, Delay: func(q dns.Question) time.Duration {
+		if q.Name == "order.example." {
+			return 20 * time.Millisecond
+		}
+		return time.Duration(delay.Load())
+	}}
+	bubble(t, opts, 20*time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		// Before the first answer (a handshake of 20 ms, then 1 ms),
+		// queries that come later than firstDialShare after the first dial
+		// started dial their own: five connections.
+		pause := func(i int) time.Duration { return []time.Duration{11, 2, 2, 2, 0}[i] * time.Millisecond }
+		for _, o := range offerPaced(p, 5, pause, func(i int) string { return fmt.Sprintf("cold%d.example.", i) }) {
+			if o.err != nil {
+				t.Fatalf("Query %s: %v", o.name, o.err)
+			}
+		}
+		warmOutOfOrder(t, p)
+		if n := len(*p.conns.Load()); n < 4 {
+			t.Fatalf("%d connections open before the burst, want 4 or more", n)
+		}
+		delay.Store(int64(slow))
+		out := offer(p, 60, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		for _, o := range out {
+			if o.err != nil || o.took > slow+slow/2 {
+				t.Errorf("Query %s took %v (%v), want at most %v: not past a connection's limit", o.name, o.took, o.err, slow+slow/2)
+			}
 		}
 	})
 }

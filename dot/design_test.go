@@ -46,6 +46,7 @@ func TestDesignNumbers(t *testing.T) {
 		"maxReplays":               maxReplays,
 		"restartWindow":            restartWindow,
 		"limitProbeEvery":          limitProbeEvery,
+		"unprovenDepth":            unprovenDepth,
 		"silentAfter":              silentAfter,
 		"minSilentQuiet":           minSilentQuiet,
 		"minSilentBeyond":          minSilentBeyond,

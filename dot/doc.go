@@ -56,7 +56,8 @@
 //     connection's answers say (slow gaps, side by side, waited), collected by
 //     the sweeper.
 //   - querylimit.go: the query limit learned from a server's cuts (and from
-//     silent connections, see sweep.go), and restarts told apart from it.
+//     silent connections, see sweep.go), restarts told apart from it, and
+//     the depth no connection goes past before answers prove it (reach).
 //   - query.go: a client's query prepared once for the upstream, and what is refused.
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.

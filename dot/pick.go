@@ -37,16 +37,21 @@ func (c *conn) accepts(a avail, cl *call) bool {
 // (see pickInTurn, pickIdle), and starts a dial when the pool will soon need
 // another connection. It returns nil if no connection had room.
 func (p *Pool) pick(cl *call) *conn {
-	if p.oneEach() {
+	if p.oneEach() || p.awaitsItsDial(cl) {
 		return p.pickIdle(cl)
 	}
-	c := p.pickInTurn(cl)
+	// A connection that took more than the limit's reach takes no more
+	// while another open one has room: it may be past a limit not shown yet.
+	c := p.pickInTurn(cl, p.learned.limit.reach())
+	if c == nil {
+		c = p.pickInTurn(cl, 0)
+	}
 	if c == nil && cl.within != 0 {
 		// No open connection took fewer queries than the replay's cut came
 		// after: it goes where any query would, rather than wait for one
 		// the out-of-order sizing may not open.
 		cl.within = 0
-		c = p.pickInTurn(cl)
+		c = p.pickInTurn(cl, 0)
 	}
 	return c
 }
@@ -89,17 +94,19 @@ func (p *Pool) slowUnknown() bool {
 	}
 }
 
-// pickInTurn registers cl on the oldest connection with room, and starts a dial
+// pickInTurn registers cl on the oldest connection with room (and that took
+// fewer than reach queries, unless reach is 0), and starts a dial
 // when that one is three-quarters full (all older ones being full) or near its
 // end (unless its successor is ready), so that the next connection is ready
 // before it is needed. Filling connections in turn, as HTTP/2 clients do,
 // rather than spreading queries over all of them, keeps the batches of
 // queries and answers large: each costs one syscall, and a TLS record read,
 // at each end, whatever its size.
-func (p *Pool) pickInTurn(cl *call) *conn {
-	if p.awaitsItsDial(cl) {
-		return p.pickIdle(cl)
-	}
+//
+// With reach, it returns nil rather than dial or wait when no connection has
+// room within it: the caller looks again without (see pick), so that reach
+// only spreads queries over the connections open, and opens none.
+func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
 	depth := p.queueDepth()           // the queries one is given: slots or fewer
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
@@ -117,7 +124,7 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			if depth < slots {
 				served = max(served, c.servedAt.Load())
 			}
-			if !c.accepts(a, cl) || cl.within != 0 && c.taken.Load() >= cl.within {
+			if !c.accepts(a, cl) || cl.within != 0 && c.taken.Load() >= cl.within || reach != 0 && c.taken.Load() >= reach {
 				continue
 			}
 			l := c.load.Load()
@@ -132,6 +139,9 @@ func (p *Pool) pickInTurn(cl *call) *conn {
 			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
 				quiet, quietLoad = c, l
 			}
+		}
+		if best == nil && reach != 0 {
+			return nil
 		}
 		if best == nil {
 			// Every connection with room is quiet: its queries may wait

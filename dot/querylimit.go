@@ -34,7 +34,40 @@ type queryLimit struct {
 	silentAlike  bool
 
 	probedAt atomic.Int64 // unix ns when a connection last went past n (see probe)
+
+	// proven: the most answers one connection served, ever; the server's
+	// limit, if it has one, is no lower. Written by the readers, read
+	// lock-free (see reach).
+	proven atomic.Int32
 }
+
+// noteServed is told that a connection has served served answers.
+func (l *queryLimit) noteServed(served int) {
+	for v := int32(served); ; {
+		if o := l.proven.Load(); o >= v || l.proven.CompareAndSwap(o, v) {
+			return
+		}
+	}
+}
+
+// reach is the most queries a connection takes while another open one has
+// room (see Pool.pick): twice the most answers one connection served, and
+// unprovenDepth more. Past the most served, a query may be past a limit
+// nothing has shown yet, which the server ignores until the slowest answer
+// before it and its cut; spread over the connections already open, no
+// query goes so far before answers prove the depth. Filled in turn to
+// MaxInflight, the oldest connections took 129 to 177 queries each as the
+// mode turned out of order during a stall, where the server cut after 66
+// (property seed 178: 123 queries timed out against the model's 18). Twice
+// the most served, not the most served: the connection that served most
+// holds as many queries outstanding as the load needs beyond it (a fast
+// upstream at full load: about a hundred), and a cap at its answers spread
+// them over a dozen connections where four do (TestRegimeSwitchingUpstream).
+// A learned limit is below the reach: a connection drains there first.
+func (l *queryLimit) reach() int32 { return 2*l.proven.Load() + unprovenDepth }
+
+// unprovenDepth: see reach.
+const unprovenDepth = 16
 
 // limitProbeEvery is how often a new connection goes past the limit in force
 // to re-test it: a limit is a belief the pool can no longer test once it
@@ -239,17 +272,19 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 //
 // One silent connection may be one whose queries were all slow names: it
 // teaches only if another one fell silent after as many answers (give or
-// take one) before. What other connections served does not refute it (see
-// refutesLimit): served is the write order of the last query answered, not a
-// count, and an upstream that turned in order while the pool held it out of
-// order falls silent so on every connection; the limit, once taught, moves
-// the queries off all of them (TestRegimeSwitchingUpstream timed queries out
-// while a limit refuted so moved them off the silent one alone). Before
-// that, a silent connection's own queries past it go elsewhere all the same:
+// take one) before, or once the server cuts it with queries it ignored
+// still out (see cutConfirmsLocked). What other connections served does not
+// refute it (see refutesLimit): served is the write order of the last query
+// answered, not a count, and an upstream that turned in order while the
+// pool held it out of order falls silent so on every connection; the limit,
+// once taught, moves the queries off all of them (TestRegimeSwitchingUpstream
+// timed queries out while a limit refuted so moved them off the silent one
+// alone). Before that, a silent connection's own queries past it go elsewhere all the same:
 // if they were slow names, that costs their wait so far and a connection; if
 // not, they would wait for its cut (property seed 63: p99 580 ms against 446
 // ms, where 1.2 times the model's and 5 ms is 533 ms).
 func (p *Pool) learnSilence(c *conn, served int) {
+	c.markSilent(served)
 	if !p.silenceAlike(c, served) {
 		c.setQueryLimit(served)
 		return
