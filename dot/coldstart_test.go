@@ -36,10 +36,9 @@ func TestColdStartInOrderQueueLeaves(t *testing.T) {
 // connection of their own, as forward does, rather than all wait for the
 // first: an in-order upstream would serve a slow handshake's worth of
 // queries gathered on it one after the other (issue 21, seeds 79, 149).
-// Until the first answer, one that loses the connection it dialled to
-// another (an older waiter takes each new connection first) goes on the least
-// loaded one rather than wait for the dials of those that came after it
-// (seeds 74, 107). Here, out of order: a handshake takes 80 ms, an answer
+// Each takes a connection dialled for it or for an older one (waitOrder),
+// and none joins the first connection: none shared its dial (joinFirst).
+// Here, out of order: a handshake takes 80 ms, an answer
 // 25 ms, and five queries come 15 ms apart: five handshakes, and every
 // query answered within a handshake and an answer.
 func TestFirstDialSharedByBurstOnly(t *testing.T) {
@@ -144,4 +143,53 @@ func TestFirstDialSharedByFewInWindow(t *testing.T) {
 		}
 		checkOutcomes(t, <-done, func(string) time.Duration { return time.Second })
 	})
+}
+
+// Before the first answer, a query that dialled for itself while the pool's
+// first dial was under way, and shared it with none, waits for its own
+// connection rather than go behind the first one's query: in order, that
+// costs it an answer time (issue 21, seed 45: 87 ms answers, a 28 ms
+// handshake; two queries that came 11 and 21 ms after the first joined it
+// and were answered 277 ms after they came, against forward's 115). Here
+// the same: each of three queries is answered within a handshake and an
+// answer of coming. With every such query joining the first connection, the
+// second and third took two and three answers.
+func TestFirstConnectionJoinedByNoneWithoutSharers(t *testing.T) {
+	const service, handshake = 87 * time.Millisecond, 28 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		pauses := []time.Duration{11 * time.Millisecond, 10 * time.Millisecond, 0}
+		out := offerPaced(p, len(pauses), func(i int) time.Duration { return pauses[i] }, names("q"))
+		checkOutcomes(t, out, func(string) time.Duration { return handshake + service + time.Millisecond })
+	})
+}
+
+// Before the first answer, as many queries that dialled for themselves join
+// the pool's first connection as shared its dial (joinFirst): their dials,
+// done later, serve the queries that come next, as the sharers' own
+// connections would have served them in forward's pool (issue 21, seeds 79,
+// 119, 149: with none joining, 2-5 connections more at once than forward;
+// seed 45: with any number joining, in order, each waited an answer time
+// more than its own dial). Here two shared it, and of four that dialled,
+// two join. With the join uncapped (below firstDialShareMax), four did.
+func TestFirstConnectionJoinedAsItWasShared(t *testing.T) {
+	first := newBareConn(t, 64)
+	p := first.pool
+	conns := []*conn{first}
+	p.mu.Lock()
+	p.conns.Store(&conns)
+	p.mu.Unlock()
+	p.firstShared.Store(2)
+	joined := 0
+	for range 4 {
+		cl := newTestCall(mustPrepare(t, "dialled.example."))
+		cl.burstStart = true
+		if c := p.joinFirst(cl, conns); c != nil && c.register(cl) {
+			joined++
+		}
+	}
+	if joined != 2 {
+		t.Errorf("%d of 4 queries that dialled joined the first connection, want the 2 that shared its dial", joined)
+	}
 }

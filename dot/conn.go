@@ -143,9 +143,17 @@ func (c *conn) loopDone() {
 // outstanding (accepts), and the pickers read the load without the lock, so
 // that rescues woken together all saw the same idle connection and went on it
 // one behind the other, each stuck in turn (TestRescuesTakeIdleConnsAlone).
-func (c *conn) register(cl *call) bool {
+func (c *conn) register(cl *call) bool { return c.registerWithin(cl, c.pool.cfg.MaxInflight) }
+
+// registerWithin is register that also fails if the connection holds limit
+// calls or more: the pickers' bounds on a connection's queue (queueDepth,
+// firstDialShareMax) read its load without the lock, and queries woken
+// together all saw room on the same connection and went on it: 91 where 16
+// were meant to join the pool's first connection (issue 21, seed 29), 21 on
+// a new connection where queueDepth allowed 5.
+func (c *conn) registerWithin(cl *call, limit int) bool {
 	c.mu.Lock()
-	if c.state != stateOpen || c.werr != nil || len(c.calls) >= c.pool.cfg.MaxInflight ||
+	if c.state != stateOpen || c.werr != nil || len(c.calls) >= min(limit, c.pool.cfg.MaxInflight) ||
 		cl.avoid != nil && len(c.calls) > 0 {
 		c.mu.Unlock()
 		return false

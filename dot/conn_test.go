@@ -483,3 +483,27 @@ func TestReplayBeyondItsCutDialsNone(t *testing.T) {
 		}
 	})
 }
+
+// registerWithin holds a picker's bound on a connection's queue under the
+// connection's lock: of 32 queries that register at once within 5, five do,
+// however the pickers' lock-free reads of the load raced (issue 21, seed 29:
+// 91 went on the pool's first connection where 16 were meant to join it).
+func TestRegisterWithinHoldsTheBound(t *testing.T) {
+	c := newBareConn(t, 64)
+	var took sync.WaitGroup
+	var mu sync.Mutex
+	n := 0
+	for range 32 {
+		took.Go(func() {
+			if c.registerWithin(newTestCall(mustPrepare(t, "q.example.")), 5) {
+				mu.Lock()
+				n++
+				mu.Unlock()
+			}
+		})
+	}
+	took.Wait()
+	if n != 5 || c.load.Load() != 5 {
+		t.Errorf("%d of 32 registered within 5 (load %d), want 5", n, c.load.Load())
+	}
+}

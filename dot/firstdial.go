@@ -65,11 +65,14 @@ func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 		if !cl.firstDial {
 			cl.firstDial = true
 			p.sharers.Add(1)
+			p.firstShared.Add(1)
 		}
 		return true
 	}
 	if p.dials == 0 && p.startDialLocked(0, true) {
 		p.firstDialFrom, p.windowSharers = now, 0
+		p.firstShared.Store(0)
+		p.firstJoined.Store(0)
 		cl.startsFirst = true
 	}
 	p.firstDialAt = now
@@ -107,21 +110,26 @@ func (p *Pool) joinsFirst(cl *call) bool {
 
 // joinFirst returns the pool's first connection for cl, finding no
 // connection idle, if cl dialled for itself before the pool had one, no
-// answer came yet, and fewer than firstDialShareMax queries are on it; nil
-// otherwise, and cl waits for a dial. Another query may have
-// taken the one cl dialled (the first to wake took a new connection, before
-// the waiters took them in their order: see waitOrder), and
-// waiting for yet another dial, one per query that came later, it could wait
-// a handshake or more for each (issue 21, seeds 74 and 107: 119 ms against
-// forward's 83, 32 against 20). Any number joining, or joining any
-// connection, an in-order upstream served them one after the other (seed
-// 132: p99 390-550 ms against forward's 223, with up to 8 on each
-// connection). Taken in order, the connections no longer need it for
-// seeds 74 and 107, and it costs seed 45 an answer time (in order, 87 ms
-// answers: two queries that came 11 and 21 ms after the first join it,
-// behind it, 277 ms against forward's 115); without it, though, seeds 79,
-// 119 and 149 open 2-5 connections more than forward (in 1 replay of 1
-// each), and 92 answers 56 queries of forward's 58.
+// answer came yet, fewer than firstDialShareMax queries are on it, and fewer
+// such queries joined it than shared its dial; nil otherwise, and cl waits
+// for a dial. The queries that shared the first dial took no connection of
+// their own, as forward's would have, and one that joins in place of each
+// leaves its own dial, once done, to the queries that come next: forward's
+// connections freed there. With none joining, in order, the pool opened
+// 2-5 connections more at once than forward (issue 21, seeds 79, 119, 149,
+// in 1 replay of 1 each) and seed 92 answered 56 queries of forward's 58.
+// With any number joining, each waited behind the first connection's queue
+// for no connection: the waiting order (waitOrder) hands a query the dial
+// started for it, or an older one's, never a newer one's, and in order a
+// join costs an answer time or more (seed 45: 87 ms answers, a 28 ms
+// handshake and none sharing; two that came 11 and 21 ms after the first
+// joined it and waited 277 ms against forward's 115). Joined only in
+// place of a sharer, 45 passed in 8 replays of 8, and 79, 119, 149 and 74
+// kept passing. A join whose register then fails keeps its count: the
+// joins are at most as many as the sharers, never more. Any number joining
+// the connection, or joining any connection, an in-order upstream served
+// them one after the other (seed 132: p99 390-550 ms against forward's
+// 223, with up to 8 on each connection).
 func (p *Pool) joinFirst(cl *call, conns []*conn) *conn {
 	if !cl.burstStart || len(conns) == 0 || p.learned.mode.usual.Load() != 0 {
 		return nil
@@ -131,8 +139,17 @@ func (p *Pool) joinFirst(cl *call, conns []*conn) *conn {
 	// queries that came later to these, and in order the pool opened more
 	// than forward (property seeds 119 and 149: 132-136 connections at
 	// once against the model's 127 and 129, in 4 replays of 4).
-	if c := conns[0]; c.accepts(c.avail(), cl) && c.load.Load() < firstDialShareMax {
-		return c
+	c := conns[0]
+	if !c.accepts(c.avail(), cl) || c.load.Load() >= firstDialShareMax {
+		return nil
 	}
-	return nil
+	for {
+		j := p.firstJoined.Load()
+		if j >= p.firstShared.Load() {
+			return nil
+		}
+		if p.firstJoined.CompareAndSwap(j, j+1) {
+			return c
+		}
+	}
 }

@@ -112,6 +112,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
 		var best, quiet *conn
 		var load, quietLoad int32
+		within := depth            // best takes cl only while it holds fewer (see registerWithin)
 		near, more := false, false // best is near its end; every connection with room is quiet
 		spares := 0                // newer connections than best that take queries with none outstanding
 		counted := 0               // connections that count toward the cap
@@ -158,6 +159,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			// resumes, as forward's would be, not an answer time or a
 			// move later (issue 21, seed 97).
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
+			within = slots
 		}
 		if best == nil && depth < slots && cl.within == 0 && p.servedLately(served) {
 			// Every connection with room holds a queue that, were the
@@ -176,7 +178,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 		if best == nil {
 			return nil
 		}
-		if best.register(cl) {
+		if best.registerWithin(cl, int(within)) {
 			// A connection near its end whose successor is ready (a
 			// newer one idle, waiting its turn) dials no other if it took
 			// longer than a dial to get here from its first query: the
@@ -343,6 +345,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
+		within := p.cfg.MaxInflight // best takes cl only while it holds fewer (see registerWithin)
 		conns := *p.conns.Load()
 		warm, turn := p.warmOrder(len(conns))
 		for i := range conns {
@@ -385,7 +388,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		} else if f := p.joinFirst(cl, conns); idle == 0 && cl.avoid == nil && f != nil {
 			// One that dialled before the pool had a connection: see
 			// joinFirst.
-			best = f
+			best, within = f, firstDialShareMax
 		} else if idle == 0 && load > 0 && cl.avoid == nil && p.cfg.MaxConns == 0 && p.dialForWaiter(cl) {
 			// No connection is idle (one near its end, idle, is taken:
 			// load 0): as forward does, the query waits for a new one
@@ -396,7 +399,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		if best == nil {
 			return nil
 		}
-		if best.register(cl) {
+		if best.registerWithin(cl, within) {
 			if burstSince != math.MaxInt64 {
 				best.pickedAt.Store(nanotime())
 			}

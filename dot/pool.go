@@ -37,6 +37,8 @@ type Pool struct {
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
 	sharers       atomic.Int32            // of the waiters, those that share the pool's first dial: owed no dial of their own (see firstDialBurst)
+	firstShared   atomic.Int32            // the queries that shared the pool's first dial since it started (see joinFirst)
+	firstJoined   atomic.Int32            // the queries that joined the pool's first connection for having dialled before it opened (see joinFirst)
 	order         waitOrder               // the waiters' order: an idle connection goes to the one that waited longest (waitorder.go)
 	dialTime      atomic.Int64            // ns: how long a dial takes, smoothed
 	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
