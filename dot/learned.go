@@ -121,6 +121,10 @@ type serveMode struct {
 	// which the first sweep's average replaces rather than joins: one slow
 	// first answer (a cold cache upstream) is not the usual time
 	firstOnly atomic.Bool
+	// slowKept and busyKept: the decayed counts of slow gaps and busy
+	// answers (acc.busySlow, acc.busy) that the next update keeps, in
+	// thousandths: what a connection's new ones add to (see slowSuffices)
+	slowKept, busyKept atomic.Int64
 
 	until        int64    // unix ns until which mode holds without new evidence
 	inverted     int64    // unix ns of the last answer out of order seen
@@ -228,7 +232,21 @@ func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 	m.mode.Store(int32(next))
 	m.rescue.Store(m.acc.rescued >= 0.5)
 	m.waits.Store(m.acc.rescued >= 0.5 || m.acc.queued >= 0.5)
+	m.slowKept.Store(int64(m.acc.busySlow * 7 / 8 * 1000))
+	m.busyKept.Store(int64(m.acc.busy * 7 / 8 * 1000))
 	return next, next != old
+}
+
+// slowSuffices reports whether slow gaps weighing slow, among busy answers
+// weighing busy, seen since the last update, make the slow gaps suffice to
+// learn in order (see decide): an update now would learn it. Asked by
+// readers, to learn at once rather than at the sweeper's next tick; an
+// update asked for sooner than that with too little would only decay the
+// evidence sooner (it decays by update, not by time).
+func (m *serveMode) slowSuffices(slow, busy float64) bool {
+	slow += float64(m.slowKept.Load()) / 1000
+	busy += float64(m.busyKept.Load()) / 1000
+	return slow >= minSlowEvidence && slow >= slowShare*busy
 }
 
 // decay folds e into the decayed evidence.

@@ -184,10 +184,16 @@ func (c *conn) silentBeyondLocked(now int64) int {
 	// likely there, and every connection filled past it meanwhile holds
 	// queries the server ignores: property seed 19, where the second
 	// silence came 200 ms after the first and p99 was 677 ms against the
-	// model's 140).
+	// model's 140). There one query past it is enough, not
+	// minSilentBeyond: the queries that came on the connection after it
+	// reached the limit may be only one to three under a light load, and
+	// they waited for the cut, after the slowest of the first ones was
+	// answered (property seed 41: three, 575 ms against the model's 355;
+	// a slow name of its own, the one query that can be alone past the
+	// last served, costs a replay and a dial).
 	need := manySilentBeyond
 	if h := p.learned.limit.silentServed.Load(); h > 0 && alike(int(c.lastServed), int(h)) {
-		need = minSilentBeyond
+		need = 1
 	}
 	byShort, byLong := c.beyondLocked(short, long)
 	if byShort >= need || quiet >= long && byLong >= minSilentBeyond {
@@ -251,7 +257,8 @@ const (
 	silentAfter    = 2
 	minSilentQuiet = 50 * time.Millisecond
 	// minSilentBeyond is the fewest unanswered queries past the last one
-	// served that show a silent connection: one or two may be slow names.
+	// served that show a silent connection: one or two may be slow names
+	// (one is enough after as many answers as the last silent connection's).
 	minSilentBeyond = 4
 	// manySilentBeyond: as many unanswered queries past the last one
 	// served show a silent connection after one usual answer time of
@@ -375,6 +382,18 @@ func (p *Pool) kickSweeper() {
 		case p.kick <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// kickLearn wakes the sweeper to learn now (see reader.go): its tick while
+// queries are outstanding is a quarter of the rescue delay, up to 20 ms while
+// a fast upstream's mode is unknown, and a queue on the first connection grew
+// meanwhile by every arrival (property seed 29: from 41 queries to 96 between
+// the first busy answer and the tick that timed the spacing from it).
+func (p *Pool) kickLearn() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
 	}
 }
 
