@@ -25,8 +25,6 @@
 //   - pick.go: the hot path: picking a connection for a call as the mode says
 //     (filled in turn, while the mode is unknown no deeper than a dial is worth:
 //     queueDepth; or one query each: oneEach, bursts before the first answer).
-//   - boundspares.go: the depth bound's dials that opened with nobody
-//     waiting for them, which lift the bound (queueDepth).
 //   - firstdial.go: before the first answer, which queries share the pool's
 //     first dial (its burst) and which dial their own, how many go on the
 //     first connection (firstDialShareMax), and the waiting queries owed a

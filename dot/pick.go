@@ -170,10 +170,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			// again without it first (pick), and a dial pickIdle started
 			// for it was left a spare when it took a slot there
 			// (TestReplayBeyondItsCutDialsNone).
-			cl.turnedAway = true
-			c := p.pickIdle(cl)
-			cl.turnedAway = false
-			return c
+			return p.pickIdle(cl)
 		}
 		if best == nil {
 			return nil
@@ -242,11 +239,10 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 // again in session 15), and once a connection carries a query or two, its
 // answers come a round of the upstream's turns apart, which looks like
 // in-order service and keeps the bound. Only a query that waited for a dial
-// of its own keeps waiting for it meanwhile (awaitsItsDial). Nor while the
-// bound's dials opened as spares (boundspares.go).
+// of its own keeps waiting for it meanwhile (awaitsItsDial).
 func (p *Pool) queueDepth() int32 {
 	slots := int32(p.cfg.MaxInflight)
-	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown || p.boundOff.Load() {
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
 		return slots
 	}
 	m := &p.learned.mode
@@ -478,13 +474,7 @@ func (p *Pool) dialForWaiter(cl *call) bool {
 	if p.dials > 0 && p.owedDials() <= p.dials {
 		return true
 	}
-	if !p.startDialLocked(0, true) {
-		return false
-	}
-	if cl.turnedAway {
-		p.boundDials++
-	}
-	return true
+	return p.startDialLocked(0, true)
 }
 
 // dialForRescue starts a dial, within what the load needs (see neededNow),

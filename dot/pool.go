@@ -73,15 +73,6 @@ type Pool struct {
 	// none under way and no connection) started.
 	firstDialAt, firstDialFrom int64
 	windowSharers              int // guarded by mu: queries that shared the first dial by firstDialShare alone
-
-	// Guarded by mu (see boundspares.go): boundDials, of the dials under
-	// way, those started for a query the depth bound turned away;
-	// boundSpare, the decayed count of those that opened with no query
-	// waiting for them. boundOff, read lock-free by queueDepth: spares
-	// enough that the bound is lifted.
-	boundDials int
-	boundSpare float64
-	boundOff   atomic.Bool
 }
 
 // Stats is a snapshot of a pool's state.
@@ -143,7 +134,6 @@ func (p *Pool) dial() {
 	p.mu.Lock()
 	p.dials--
 	p.dialing.Store(int32(p.dials))
-	p.noteBoundDialLocked(err == nil)
 	p.wakeLocked()
 	switch {
 	case err != nil && p.closed:

@@ -2,7 +2,6 @@ package dot
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,42 +60,5 @@ func saturate(t *testing.T, opts dottest.Options) {
 		}
 		t.Logf("%d answers in %v; up to %d connections after the warm-up, %d dials; mode %v, usual answer %v",
 			answered.Load(), run, sm.conns.Load(), s.Handshakes(), st.Mode, time.Duration(m.usual.Load()))
-	})
-}
-
-// A single-thread upstream that writes each answer as it has it (unbound
-// with num-threads 1, dottest.Turns with OneByOne: a busy connection's
-// answers come 30 µs apart, where TestSaturatedFastUpstreamKeepsFewConnections'
-// come together), behind fast handshakes (100 µs), offered a light load
-// (2,000 QPS: its usual answer time learned small), then one near what it
-// serves (28,000 QPS, Poissonian). While the mode is unknown, the depth bound
-// (queueDepth: a dial's time over the answers' spacing, 2 here) turned away
-// the queries beyond it; each dialled (dialForWaiter), then took a slot that
-// freed within a spacing, and its dial, left a spare, took queries under the
-// bound in turn: 13-27 connections at 25,000-30,000 QPS, where its one thread
-// serves the load no sooner for it (on one connection, p99 0.56 ms at 28,000
-// QPS; 0.93 ms on 21). Spares lift the bound (noteBoundDialLocked): 5-7
-// connections. The queueShared guard cannot see this upstream: a query alone
-// on its connection waits a round of the thread's turns, as a busy
-// connection's answers come a round apart (alone 190-230 µs, spacing 90-105
-// µs, in each sweep of the heavy load).
-func TestSpacedAnswersUpstreamKeepsFewConnections(t *testing.T) {
-	const handshake, light, heavy = 100 * time.Microsecond, 2000, 28000
-	turns := &dottest.Turns{PerTurn: 5 * time.Microsecond, PerQuery: 30 * time.Microsecond, OneByOne: true}
-	bubble(t, dottest.Options{Turns: turns}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		rng := rand.New(rand.NewPCG(1, 2))
-		poisson := func(qps float64) func(int) time.Duration {
-			return func(int) time.Duration { return time.Duration(rng.ExpFloat64() / qps * float64(time.Second)) }
-		}
-		checkOutcomes(t, offerPaced(p, 600, poisson(light), names("l")), func(string) time.Duration { return 100 * time.Millisecond })
-		h := s.Handshakes()
-		sm := sample(p)
-		out := offerPaced(p, heavy/2, poisson(heavy), names("h"))
-		sm.end()
-		checkOutcomes(t, out, func(string) time.Duration { return 100 * time.Millisecond })
-		if c := sm.conns.Load(); c > 2*AutoMaxConnsOutOfOrder {
-			t.Errorf("Up to %d connections open under the heavy load (%d dials), want %d at most", c, s.Handshakes()-h, 2*AutoMaxConnsOutOfOrder)
-		}
-		t.Logf("Up to %d connections under the heavy load, %d dials; depth bound %d", sm.conns.Load(), s.Handshakes()-h, p.queueDepth())
 	})
 }

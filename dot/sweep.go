@@ -420,9 +420,6 @@ const minWatchInterval = minRescueDelay / 4
 // IdleTimeout. In another mode the idle ones beyond the cap do (those an
 // in-order spell left: more would not be used).
 func (p *Pool) sweepAll(now int64, conns []*conn) {
-	p.mu.Lock()
-	p.decayBoundSparesLocked()
-	p.mu.Unlock()
 	n := countConns(conns)
 	surplus := n.open()
 	if p.oneEach() {
