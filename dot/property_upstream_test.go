@@ -76,6 +76,7 @@ func (u *simUpstream) dial(ctx context.Context, withTLS bool) (net.Conn, error) 
 	u.peak = max(u.peak, len(u.conns))
 	u.traceOpenLocked()
 	u.dials++
+	sc.n = u.dials
 	u.wg.Add(1)
 	u.mu.Unlock()
 	go sc.serve(withTLS)
@@ -158,6 +159,7 @@ func (c *loadedConn) Read(p []byte) (int, error) {
 // simConn is the server's end of one connection.
 type simConn struct {
 	u    *simUpstream
+	n    int // the upstream's n-th connection, for -property.trace
 	raw  net.Conn
 	c    net.Conn // raw, or TLS over it
 	once sync.Once
@@ -269,6 +271,7 @@ func (sc *simConn) take(wire []byte) {
 func (sc *simConn) answer(q *dns.Msg) {
 	defer sc.addOutstanding(-1)
 	d := sc.u.b.answerTime(q.Question[0].Name, sc.u.since(), sc.u.drawJitter(q.Question[0].Name))
+	sc.traceTake(q.Question[0].Name, d)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
