@@ -181,11 +181,21 @@ func TestFirstConnectionJoinedAsItWasShared(t *testing.T) {
 	p.conns.Store(&conns)
 	p.mu.Unlock()
 	p.firstShared.Store(2)
+	// One that finds a connection idle, or a rescue, does not join, and
+	// takes no join from the others (pickIdle asks joinFirst before it
+	// knows which way the query goes).
+	idler := newTestCall(mustPrepare(t, "idle.example."))
+	idler.burstStart = true
+	rescue := newTestCall(mustPrepare(t, "rescue.example."))
+	rescue.burstStart, rescue.avoid = true, first
+	if p.joinFirst(idler, conns, 1) != nil || p.joinFirst(rescue, conns, 0) != nil {
+		t.Errorf("A query with a connection idle, or a rescue, joined the first connection")
+	}
 	joined := 0
 	for range 4 {
 		cl := newTestCall(mustPrepare(t, "dialled.example."))
 		cl.burstStart = true
-		if c := p.joinFirst(cl, conns); c != nil && c.register(cl) {
+		if c := p.joinFirst(cl, conns, 0); c != nil && c.register(cl) {
 			joined++
 		}
 	}

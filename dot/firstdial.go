@@ -109,7 +109,7 @@ func (p *Pool) joinsFirst(cl *call) bool {
 }
 
 // joinFirst returns the pool's first connection for cl, finding no
-// connection idle, if cl dialled for itself before the pool had one, no
+// connection idle (idle 0) and not a rescue, if cl dialled for itself before the pool had one, no
 // answer came yet, fewer than firstDialShareMax queries are on it, and fewer
 // such queries joined it than shared its dial; nil otherwise, and cl waits
 // for a dial. The queries that shared the first dial took no connection of
@@ -130,8 +130,10 @@ func (p *Pool) joinsFirst(cl *call) bool {
 // the connection, or joining any connection, an in-order upstream served
 // them one after the other (seed 132: p99 390-550 ms against forward's
 // 223, with up to 8 on each connection).
-func (p *Pool) joinFirst(cl *call, conns []*conn) *conn {
-	if !cl.burstStart || len(conns) == 0 || p.learned.mode.usual.Load() != 0 {
+func (p *Pool) joinFirst(cl *call, conns []*conn, idle int) *conn {
+	// Asked only where it would join (none idle, no rescue): a join is
+	// counted as it is granted.
+	if idle > 0 || cl.avoid != nil || !cl.burstStart || len(conns) == 0 || p.learned.mode.usual.Load() != 0 {
 		return nil
 	}
 	// The sharers still waiting, woken with cl when the connection opened,

@@ -381,7 +381,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			// A burst before the first answer, or a query that waited
 			// for the pool's first connection: see firstDialBurst.
 			best = cmp.Or(burst, best)
-		} else if f := p.joinFirst(cl, conns); idle == 0 && cl.avoid == nil && f != nil {
+		} else if f := p.joinFirst(cl, conns, idle); f != nil {
 			// One that dialled before the pool had a connection: see
 			// joinFirst.
 			best, within = f, firstDialShareMax

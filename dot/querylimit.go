@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -64,7 +65,12 @@ func (l *queryLimit) noteServed(served int) {
 // upstream at full load: about a hundred), and a cap at its answers spread
 // them over a dozen connections where four do (TestRegimeSwitchingUpstream).
 // A learned limit is below the reach: a connection drains there first.
-func (l *queryLimit) reach() int32 { return 2*l.proven.Load() + unprovenDepth }
+func (l *queryLimit) reach() int32 {
+	// In int64: a connection that served a billion answers (six hours at
+	// 50,000 QPS) would make twice as many wrap negative, and every pick
+	// then look twice.
+	return int32(min(2*int64(l.proven.Load())+unprovenDepth, math.MaxInt32))
+}
 
 // unprovenDepth: see reach.
 const unprovenDepth = 16
