@@ -14,11 +14,6 @@ import (
 type Turns struct {
 	PerTurn  time.Duration // the cost of a turn on a connection (a read and a write)
 	PerQuery time.Duration // the cost of a query in a turn
-	// OneByOne writes each answer of a turn when its query is served,
-	// PerQuery after the one before, rather than all at the turn's end:
-	// a connection's answers then come PerQuery apart, as from a server
-	// that writes each answer as it has it.
-	OneByOne bool
 }
 
 // turnQuery is a query read and not yet served.
@@ -89,14 +84,6 @@ func (s *Server) serveTurns() {
 		sc, qs := s.turns.next()
 		if sc == nil {
 			return
-		}
-		if t.OneByOne {
-			time.Sleep(t.PerTurn)
-			for _, tq := range qs {
-				time.Sleep(t.PerQuery)
-				sc.query(tq.wire, tq.received)
-			}
-			continue
 		}
 		time.Sleep(t.PerTurn + time.Duration(len(qs))*t.PerQuery) // the thread's work, on the (virtual) clock
 		for _, tq := range qs {

@@ -60,34 +60,6 @@ func TestTurnsServeConnectionsInTurn(t *testing.T) {
 	})
 }
 
-// OneByOne: three queries on one connection are answered a query's cost
-// apart, each as it is served, not together at the turn's end.
-func TestTurnsOneByOneAnswersApart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const turn, each = time.Millisecond, 100 * time.Microsecond
-		s := Start(t, Options{Pipe: true, Turns: &Turns{PerTurn: turn, PerQuery: each, OneByOne: true}})
-		raw, err := s.Dial(context.Background(), "tcp", s.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := tls.Client(raw, s.ClientTLS())
-		defer c.Close()
-		if err := c.Handshake(); err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		writeQueries(t, c, 3)
-		var took []time.Duration
-		for range 3 {
-			readAnswers(t, c, 1)
-			took = append(took, time.Since(start))
-		}
-		if want := []time.Duration{turn + each, turn + 2*each, turn + 3*each}; !slices.Equal(took, want) {
-			t.Errorf("Three queries on one connection answered after %v, want %v (one by one)", took, want)
-		}
-	})
-}
-
 // writeQueries writes n A queries in one write.
 func writeQueries(t *testing.T, c *tls.Conn, n int) {
 	t.Helper()
