@@ -23,8 +23,11 @@
 //   - waitorder.go: its order: one query a connection, an idle one goes to
 //     the query that has waited longest.
 //   - pick.go: the hot path: picking a connection for a call as the mode says
-//     (filled in turn, while the mode is unknown no deeper than a dial is worth:
-//     queueDepth; or one query each: oneEach, bursts before the first answer).
+//     (filled in turn, or one query each: oneEach, bursts before the first
+//     answer).
+//   - queuedepth.go: while the mode is unknown, no connection queued deeper
+//     than a dial is worth (queueDepth), and the waiting queries that keep
+//     their own dials until that can be figured (awaitsItsDial).
 //   - firstdial.go: before the first answer, which queries share the pool's
 //     first dial (its burst) and which dial their own, how many go on the
 //     first connection (firstDialShareMax), and the waiting queries owed a
@@ -54,8 +57,9 @@
 //     connection's answers say (slow gaps, side by side, waited), collected by
 //     the sweeper.
 //   - querylimit.go: the query limit learned from a server's cuts (and from
-//     silent connections, see sweep.go), restarts told apart from it, and
-//     the depth no connection goes past before answers prove it (reach).
+//     silent connections, see sweep.go), restarts told apart from it, the
+//     depth no connection goes past before answers prove it (reach), and a
+//     connection's side of it (draining at it, evicting past it).
 //   - query.go: a client's query prepared once for the upstream, and what is refused.
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.

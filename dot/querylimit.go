@@ -333,3 +333,82 @@ func (p *Pool) silenceAlike(c *conn, served int) bool {
 	l.silentServed.Store(int64(served))
 	return l.silentAlike
 }
+
+// A connection's side of the limit: draining at it, and what its silence and
+// its cut teach.
+
+// checkQueryLimitLocked applies the learned query limit to what the connection has
+// accepted: from half of it on, its successor is dialled (a handshake takes
+// longer than the server takes to answer a quarter of the limit). c.mu must be held.
+func (c *conn) checkQueryLimitLocked() {
+	if c.queryLimit > 0 && c.accepted >= c.queryLimit/2 {
+		c.nearEnd.Store(true)
+	}
+	if c.queryLimit > 0 && c.accepted >= c.queryLimit {
+		// The server cuts connections after about this many queries: stop here so
+		// that nothing we write is cut off.
+		c.setDrainingLocked(CloseLimit)
+	}
+}
+
+// setQueryLimit applies a newly learned query limit to an open connection.
+// The calls it holds beyond the limit are sent again elsewhere now: the server
+// ignores them (or cuts the connection before answering them), and left in
+// place they would wait for its cut, which comes after its slowest answer.
+func (c *conn) setQueryLimit(limit int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == stateClosed {
+		return
+	}
+	c.queryLimit = limit
+	c.checkQueryLimitLocked()
+	if c.accepted > limit {
+		c.evictBeyondLocked(limit, nanotime())
+	}
+}
+
+// evictBeyondLocked completes the live calls placed after the limit-th: one
+// not yet written moves elsewhere at no cost (errUnsent); a written one is
+// replayed (a connLostError as if the server had cut it, which it will) and
+// leaves a tombstone, marked lost so that it is not taken for a black hole,
+// for its answer in case the server serves it after all. c.mu must be held;
+// the completions do not block (see call.complete).
+func (c *conn) evictBeyondLocked(limit int, now int64) {
+	lost := &connLostError{cause: errBeyondLimit, replayable: true, serverCut: true}
+	for _, cl := range c.calls {
+		switch {
+		case cl.tombUntil != 0 || cl.nth <= limit:
+		case cl.state.CompareAndSwap(callQueued, callAbandoned):
+			c.removeLocked(cl)
+			cl.complete(result{err: errUnsent})
+		case int(cl.seq) > limit: // written (seq is set before the state)
+			cl.tombUntil, cl.lost, cl.evicted = now+int64(c.pool.cfg.TombstoneTTL), true, true
+			cl.complete(result{err: lost})
+		}
+	}
+}
+
+// cutConfirmsLocked reports whether the server's cut of c, which fell silent
+// after silentAt answers and drains since (learnSilence), confirms a query
+// limit there: it came after as many answers or more (the silence counts the
+// write order of the last query served, at most the limit), and ignored
+// queries past them, evicted, were still unanswered. Such a cut is a busy
+// one's for learnLimit, though c drained: the server held queries when it cut
+// it, and the pool had stopped feeding it only because of that limit. Taken
+// for a drained connection's, it taught nothing, and the limit waited for a
+// second cut 640 ms later, while another connection filled past it (property
+// seed 41: p99 473 ms against the model's 355). c.mu must be held.
+func (c *conn) cutConfirmsLocked(reason CloseReason, ignored int) bool {
+	return reason == CloseServer && c.silentAt > 0 && c.served >= c.silentAt && ignored > 0
+}
+
+// markSilent records that c fell silent after served answers (see
+// learnSilence).
+func (c *conn) markSilent(served int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.silentAt == 0 {
+		c.silentAt = served
+	}
+}

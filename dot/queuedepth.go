@@ -1,0 +1,98 @@
+package dot
+
+// The depth bound: while the upstream's mode is unknown, how many queries one
+// connection is given (queueDepth), and which queries wait for dials of their
+// own until the bound can be figured (awaitsItsDial, spacingWanted).
+
+// queueDepth is how many queries pickInTurn puts on one connection: MaxInflight,
+// or, while the mode is unknown (the cap auto), as many as an in-order
+// upstream would serve in a dial's time: the dial time over the spacing of a
+// busy connection's answers (serveMode.spacing), which in order is the time
+// each query written before one adds to its wait. A query written behind as
+// many others would wait, were the upstream in order, longer than a
+// connection of its own costs; forward would have dialled one for it, and the
+// pool does (pickIdle, dialForWaiter: one dial per waiting query, so never
+// more connections than forward's one per query out).
+//
+// The spacing, not the answer time: under a saturating load the answer time
+// is mostly the wait in the upstream's (or the machine's) queue, which a
+// query on a connection of its own waits too, while the answers of a busy
+// connection come tens of microseconds apart. Divided by the answer time
+// (milliseconds), the bound dialled a connection for every few queries of
+// make bench's unbound: 40-53 where 4 serve it (156-197 in
+// TestSaturatedFastUpstreamKeepsFewConnections). The spacing counts for no
+// more than the usual answer time (it is the send gap where queries come
+// apart), and the bound holds only while a query alone on its connection is
+// answered within queueShared spacings: the wait is then the connection's
+// queue, which a new connection spares (in order, a query alone waits one
+// service time, its answers' spacing); where queries wait much longer than
+// that, they wait for something all connections share (unbound's one thread
+// serving its connections in turn), which more connections only lengthen.
+//
+// Not while that is fewer than two: a query then waits behind one other about
+// as long as for a dial, and the answers of queries written behind others are
+// what the mode is learned from (in order: slow gaps, waited answers; out of
+// order: inversions). A pool that dialled for every second query learned
+// neither, and held twice the connections of an upstream whose one CPU serves
+// every connection in turn (TestRegimeBusyTurnsUpstream). Nor while the
+// upstream as a whole read nothing for two answer times (and two ticks, see
+// servingAt): it paused, and more connections would not shorten the pause
+// (TestPausingUpstreamKeepsFewConnections). Until the first answer and the
+// first dial are timed, a query each anyway (slowUnknown); until the first
+// busy answers are (the next tick's learn, see spacingWanted), no bound:
+// taking the answer time for the spacing meanwhile, as it grew with the
+// saturated upstream's queue, dialled 193-198 connections in that test (195
+// again in session 15), and once a connection carries a query or two, its
+// answers come a round of the upstream's turns apart, which looks like
+// in-order service and keeps the bound. Only a query that waited for a dial
+// of its own keeps waiting for it meanwhile (awaitsItsDial).
+func (p *Pool) queueDepth() int32 {
+	slots := int32(p.cfg.MaxInflight)
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
+		return slots
+	}
+	m := &p.learned.mode
+	u, s, d := m.usual.Load(), m.spacing.Load(), p.dialTime.Load()
+	if u == 0 || s == 0 || u > queueShared*s {
+		return slots
+	}
+	s = min(s, u)
+	if d < minQueueDepth*s || nanotime()-p.servingAt.Load() > max(2*u, int64(2*minWatchInterval)) {
+		return slots
+	}
+	return int32(min(d/s, int64(slots)))
+}
+
+// awaitsItsDial reports whether cl, a query that waited for a connection
+// dialled for it (dialForWaiter), goes as pickIdle sends it (an idle
+// connection, or the dial) rather than in turn: the mode is unknown and no
+// busy connection's answers are timed yet, so that queueDepth sets no bound.
+// The pool's first answer wakes every waiting query at once: pipelined, the
+// queries that came during a slow handshake all went on one connection
+// (issue 21, seed 29: 85 at once, 37 ms handshakes, at 2,755 QPS), which an
+// in-order upstream served one after the other, while the dials under way
+// for them, as forward's, were done within a handshake.
+func (p *Pool) awaitsItsDial(cl *call) bool {
+	m := &p.learned.mode
+	return cl.waited && cl.avoid == nil && !p.joinsFirst(cl) && p.cfg.MaxConns == 0 &&
+		m.get() == ModeUnknown && m.spacing.Load() == 0
+}
+
+// spacingWanted reports whether the spacing of a busy connection's answers
+// is wanted and not yet timed: the upstream is fast, its queries pipelined,
+// and queueDepth sets no bound until it is (see awaitsItsDial). A busy
+// answer then has the sweeper learn at its next tick, not at the next full
+// sweep. Not for a slow upstream: its queries go one to a connection anyway
+// (pickIdle), which no depth bounds.
+func (p *Pool) spacingWanted() bool {
+	return p.learned.mode.spacing.Load() == 0 && !p.slowUnknown()
+}
+
+// queueShared: queueDepth bounds a connection's queue only while a query
+// alone on its connection is answered within this many spacings of a busy
+// connection's answers (see there).
+const queueShared = 4
+
+// minQueueDepth: below this many queries in a dial's time, queueDepth puts no
+// bound on a connection's queue (see there).
+const minQueueDepth = 2
