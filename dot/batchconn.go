@@ -33,6 +33,9 @@ type batchConn struct {
 	// for unread (written by the reader, read by the sweeper).
 	ahead  *bufio.Reader
 	aheadN atomic.Int32
+	// readAt: unix ns when a read(2) last brought bytes; 0 before. The
+	// reader's (the handshake's before the reader starts): see arrival.
+	readAt int64
 
 	asked atomic.Uint64 // times unread was asked: the sweeper asks only of a connection that looks stuck
 }
@@ -90,11 +93,30 @@ func (s socketReader) Read(p []byte) (int, error) { return s.b.readSocket(p) }
 // arming them on every read would be a wasted syscall most of the time.
 func (b *batchConn) readSocket(p []byte) (int, error) {
 	n, err := b.Conn.Read(p)
+	if n > 0 {
+		b.readAt = nanotime()
+	}
 	if f := b.flushes.Load(); n > 0 && b.rc != nil && f != b.acked {
 		b.acked = f
 		b.rc.Control(setQuickAck)
 	}
 	return n, err
+}
+
+// arrival is when the answer the reader is dispatching came: when the read(2)
+// that brought its last bytes returned. Answers that came together are timed
+// by one clock read, not one each (a clock read costs as much as a map
+// lookup, and a read(2) brings three or four answers at full speed), and as
+// they came, not later by the work of dispatching the ones before them. A
+// frame is dispatched before the reader reads the socket again (TLS and the
+// frame buffer read only when they run dry), so no later read's time is taken
+// for it. Before any read through the socket (tests that feed frames to
+// readFrames), the clock.
+func (b *batchConn) arrival() int64 {
+	if b.readAt != 0 {
+		return b.readAt
+	}
+	return nanotime()
 }
 
 // begin opens a batch: writes are buffered until flush.

@@ -89,7 +89,7 @@ func (c *conn) dispatch(frame []byte) {
 	// waits for it: the upstream read the query and served it.
 	served := drop < 0 || drop == DropLate || drop == DropRescued || drop == DropEvicted
 	if served {
-		now := nanotime()
+		now := c.bc.arrival()
 		c.served++
 		c.pool.learned.limit.noteServed(c.served)
 		if cl.seq > c.lastServed {

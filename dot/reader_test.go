@@ -1,7 +1,9 @@
 package dot
 
 import (
+	"bytes"
 	"errors"
+	"net"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -45,6 +47,48 @@ func TestWrongQuestionAndIDAreDroppedConnectionKept(t *testing.T) {
 		}
 		if h := s.Handshakes(); h != 1 {
 			t.Errorf("Handshakes = %d, want 1: drops must not close the connection", h)
+		}
+	})
+}
+
+// Answers are timed by the read(2) that brought them, one clock read for all
+// the answers of a read, not by the clock when each is dispatched.
+func TestAnswersTimedByTheirRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		bc := &batchConn{Conn: a}
+		go b.Write([]byte("answers"))
+		if _, err := bc.readSocket(make([]byte, 16)); err != nil {
+			t.Fatal(err)
+		}
+		readAt := time.Now().UnixNano()
+		time.Sleep(time.Millisecond)
+		if got := bc.arrival(); got != readAt {
+			t.Errorf("arrival = %d ns after the read, want the read's time", got-readAt)
+		}
+
+		c := newBareConn(t, 8)
+		c.bc.readAt = readAt
+		var in bytes.Buffer
+		for i, name := range []string{"a.example.", "b.example."} {
+			q := mustPrepare(t, name)
+			cl := newTestCall(q)
+			c.register(cl)
+			<-c.writeq
+			cl.seq = uint32(i + 1)
+			cl.sentAt.Store(readAt - int64(time.Millisecond))
+			cl.state.Store(callSent)
+			in.Write(frame(answerFor(t, q, cl.id)))
+		}
+		time.Sleep(time.Millisecond)
+		c.readFrames(&in)
+		c.mu.Lock()
+		lastAt := c.answers.lastAt
+		c.mu.Unlock()
+		if served := c.servedAt.Load(); served != readAt || lastAt != readAt {
+			t.Errorf("Answers timed %d and %d ns after their read, want at it", served-readAt, lastAt-readAt)
 		}
 	})
 }
