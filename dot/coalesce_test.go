@@ -51,7 +51,12 @@ func waiting(p *Pool) int {
 	for i := range p.flights.shards {
 		s := &p.flights.shards[i]
 		s.mu.Lock()
-		for _, l := range s.m {
+		for _, sl := range s.slots {
+			if sl.q != nil {
+				n += int(sl.q.fl.joined)
+			}
+		}
+		for _, l := range s.more {
 			n += int(l.fl.joined)
 		}
 		s.mu.Unlock()

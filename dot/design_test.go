@@ -72,6 +72,7 @@ func TestDesignNumbers(t *testing.T) {
 		"minTrialGrace":            minTrialGrace,
 		"ownTTL":                   ownTTL,
 		"flightShards":             flightShards,
+		"flightSlots":              flightSlots,
 		"maxJoiners":               maxJoiners,
 		"DefaultMaxInflight":       DefaultMaxInflight,
 		"DefaultDialTimeout":       DefaultDialTimeout,

@@ -149,9 +149,9 @@
 // before calling into code that takes the other (closeFor calls Pool.connClosed
 // after releasing conn.mu; the pool reads connections through atomics, not under
 // their locks). batchConn.mu is a leaf: nothing is called with it held. So is a
-// flight shard's lock (flightShard.mu, guarding its map of open flights and their
-// waiters): it is taken with neither Pool.mu nor conn.mu held (the reader ends a
-// flight in deliver, after dispatch released conn.mu), and the waiters are sent
-// their results after it is released. Fields read on the hot path without a lock
-// are atomics, written under the lock named in their comment.
+// flight shard's lock (flightShard.mu, guarding its table of open flights and
+// their waiters): it is taken with neither Pool.mu nor conn.mu held (the reader
+// ends a flight in deliver, after dispatch released conn.mu), and the waiters are
+// sent their results after it is released. Fields read on the hot path without a
+// lock are atomics, written under the lock named in their comment.
 package dot
