@@ -200,6 +200,7 @@ func (sc *simConn) serve(withTLS bool) {
 			return
 		}
 		if b := sc.u.b; b.limit > 0 && received > b.limit {
+			sc.traceIgnore(wire)
 			continue // over the connection's query limit: read and ignored
 		}
 		sc.take(wire)
