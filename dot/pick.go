@@ -109,6 +109,7 @@ func (p *Pool) slowUnknown() bool {
 func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
 	depth := p.queueDepth()           // the queries one is given: slots or fewer
+	after, now := p.overdueAfter()    // connections overdue take no more
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
 		var best, quiet *conn
 		var load, quietLoad int32
@@ -117,6 +118,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 		spares := 0                // newer connections than best that take queries with none outstanding
 		counted := 0               // connections that count toward the cap
 		served := int64(0)         // unix ns of the latest answer that served a connection's next query
+		overdue := false           // a connection with room was passed over as overdue
 		for _, c := range *p.conns.Load() {
 			a := c.avail()
 			if p.countsTowardCap(a) {
@@ -135,6 +137,8 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 					spares++
 				}
 			case l >= depth:
+			case c.overdue(after, now):
+				overdue = true
 			case a != availQuiet:
 				best, load, near = c, l, a == availNearEnd
 			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
@@ -161,11 +165,12 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 			within = slots
 		}
-		if best == nil && depth < slots && cl.within == 0 && p.servedLately(served) {
+		if best == nil && cl.within == 0 && (overdue || depth < slots && p.servedLately(served)) {
 			// Every connection with room holds a queue that, were the
 			// upstream in order, would take longer than a dial, and
-			// queues are being served: the query goes as pickIdle sends
-			// it (an idle connection, or a dial of its own). Not a
+			// queues are being served, or waits for an overdue answer:
+			// the query goes as pickIdle sends it (an idle connection,
+			// or a dial of its own). Not a
 			// replay held by its cut: it looks at the open connections
 			// again without it first (pick), and a dial pickIdle started
 			// for it was left a spare when it took a slot there

@@ -32,6 +32,7 @@ type Pool struct {
 	needed        atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	arriving      atomic.Int32            // from the sweeper: queries that come in one dial's time (sizing.go)
+	oldestDial    atomic.Int64            // unix ns: the start of the oldest dial under way; 0: none (see dialWait)
 	warm          atomic.Int32            // from the sweeper: how many of the oldest connections an in-order pool keeps, taken in turn (see pickIdle)
 	warmTurn      atomic.Uint32           // where pickIdle's turn over the warm connections starts next
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
@@ -64,6 +65,9 @@ type Pool struct {
 	redial redial        // guarded by mu: the reconnect backoff
 	fds    fdCap         // guarded by mu: the cap after dials failed for lack of file descriptors
 	closed bool          // guarded by mu
+	// dialStarts, guarded by mu: when each dial under way started (unix
+	// ns), in start order; oldestDial is its first, 0 with none (see dialWait).
+	dialStarts []int64
 	// answeredCut, guarded by mu: when the server last closed a connection
 	// that had answered (see noteServerCutLocked, backoff.go)
 	answeredCut time.Time
@@ -116,7 +120,7 @@ func (p *Pool) Addr() string { return p.cfg.Addr }
 
 // dial opens one connection with the pool's context (so that no single caller's
 // cancellation can abort a dial others wait for) and adds it to the pool.
-func (p *Pool) dial() {
+func (p *Pool) dial(from int64) {
 	defer p.wg.Done()
 	start := time.Now()
 	tc, bc, err := p.handshake()
@@ -134,6 +138,7 @@ func (p *Pool) dial() {
 	p.mu.Lock()
 	p.dials--
 	p.dialing.Store(int32(p.dials))
+	p.dialDoneLocked(from)
 	p.wakeLocked()
 	switch {
 	case err != nil && p.closed:

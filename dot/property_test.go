@@ -53,6 +53,7 @@ var (
 	propertySeeds     = flag.Int("property.seeds", 200, "how many seeds TestProperty draws (from 1)")
 	propertySeed      = flag.Uint64("property.seed", 0, "run TestProperty for this seed alone")
 	propertyFairSeeds = flag.Int("property.fairseeds", 50, "how many seeds TestPropertyJudgesForwardEqual draws (from 1)")
+	propertySlow      = flag.Duration("property.slow", 100*time.Millisecond, "with -property.trace, print the answers slower than this")
 	propertyMax       = flag.Int("property.queries", 1500, "the most queries a TestProperty seed offers")
 )
 
@@ -348,8 +349,12 @@ func (o *loadOutcome) tally(i int, res askResult, ld offeredLoad, slack time.Dur
 	default:
 		o.answered++
 		o.took = append(o.took, res.took)
-		if *propertyTrace && res.took > 100*time.Millisecond && tracingPool.Load() {
-			fmt.Fprintf(os.Stderr, "slow answer: %s arrived at %v, answered after %v\n", name, ld.arrivals[i], res.took)
+		if *propertyTrace && res.took > *propertySlow {
+			side := "forward"
+			if tracingPool.Load() {
+				side = "pool"
+			}
+			fmt.Fprintf(os.Stderr, "slow answer (%s): %s arrived at %v, answered after %v\n", side, name, ld.arrivals[i], res.took)
 		}
 	}
 }

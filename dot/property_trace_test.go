@@ -17,8 +17,8 @@ import (
 var propertyTrace = flag.Bool("property.trace", false, "print the pool's events (mode, sizing, dials, closes, rescues) of each seed run")
 
 // tracingPool: the pool's run of a seed is under way with -property.trace:
-// its slow answers are printed (see loadOutcome.tally). Meant for one seed
-// at a time (-property.seed).
+// the slow answers printed (-property.slow, see loadOutcome.tally) are the
+// pool's, else the model's. Meant for one seed at a time (-property.seed).
 var tracingPool atomic.Bool
 
 // traceObserver prints a pool's events with the virtual time since start.

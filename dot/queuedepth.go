@@ -1,7 +1,8 @@
 package dot
 
 // The depth bound: while the upstream's mode is unknown, how many queries one
-// connection is given (queueDepth), and which queries wait for dials of their
+// connection is given (queueDepth; none behind an overdue answer:
+// overdueAfter), and which queries wait for dials of their
 // own until the bound can be figured (awaitsItsDial, spacingWanted).
 
 // queueDepth is how many queries pickInTurn puts on one connection: MaxInflight,
@@ -61,6 +62,46 @@ func (p *Pool) queueDepth() int32 {
 		return slots
 	}
 	return int32(min(d/s, int64(slots)))
+}
+
+// overdueAfter is, while queueDepth bounds queues (the mode unknown, the
+// upstream fast, a query alone answered within queueShared spacings, and
+// serving), how long a connection's next query may be in service, nothing
+// served since, before pickInTurn gives that connection no more (overdue):
+// the usual answer time and a dial's. 0: none is overdue. now is the time
+// it was figured at, for overdue.
+//
+// queueDepth counts a spacing for each query queued; the one in service may
+// take far longer than its share. Behind a slow name of a fast in-order
+// upstream (property seed 142: a quarter of its names 31 times slower, 19 ms
+// against 0.6), a query waited the slow answer's whole rest, while forward,
+// finding no connection idle, dialled one for it: a 1.4 ms handshake. One
+// overdue by a dial's time is likelier a slow one, whose rest (a heavy tail:
+// as long as it has taken, or longer) exceeds a dial. Not while the upstream
+// as a whole reads nothing (a pause, see queueDepth): every connection is
+// then overdue, and more of them would not shorten the pause
+// (TestPausingUpstreamKeepsFewConnections).
+func (p *Pool) overdueAfter() (after, now int64) {
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
+		return 0, 0
+	}
+	m := &p.learned.mode
+	u, s, d := m.usual.Load(), m.spacing.Load(), p.dialTime.Load()
+	if u == 0 || s == 0 || d == 0 || u >= int64(unknownSlow) || u > queueShared*s {
+		return 0, 0
+	}
+	now = nanotime()
+	if now-p.servingAt.Load() > max(2*u, int64(2*minWatchInterval)) {
+		return 0, 0
+	}
+	return u + d, now
+}
+
+// overdue reports whether c's next query has been in service longer than
+// after (see overdueAfter) at now: at the least since the later of c's last
+// serve and its last write.
+func (c *conn) overdue(after, now int64) bool {
+	return after != 0 && c.load.Load() > 0 && now-max(c.servedAt.Load(), c.wroteAt.Load()) > after
 }
 
 // awaitsItsDial reports whether cl, a query that waited for a connection

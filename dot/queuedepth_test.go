@@ -151,3 +151,48 @@ func TestFirstBusyAnswersTimeTheSpacingAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// While the mode is unknown, a fast upstream that answers a connection's
+// queries in order, each in 4 ms, behind 1 ms handshakes (fewer than
+// minQueueDepth answers in a dial's time: queueDepth sets no bound), with one
+// slow name (60 ms). A query that comes 6 ms after the slow one was written on
+// the pool's one connection does not go behind it, where it would wait the
+// slow answer's rest, 54 ms: that answer is overdue (overdueAfter), and the
+// query waits for a dial of its own, as forward's would (property seed 142:
+// 36 ms against forward's 24, behind a 19 ms name).
+func TestUnknownModeQueryPassesOverdueAnswer(t *testing.T) {
+	const service, slow, handshake = 4 * time.Millisecond, 60 * time.Millisecond, time.Millisecond
+	delay := slowName(slow, service)
+	bubble(t, dottest.Options{InOrder: true, Delay: delay}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		for i := range 3 { // times the answer, the dial and the spacing: pairs written together
+			var wg sync.WaitGroup
+			for j := range 2 {
+				wg.Go(func() {
+					if _, err := exchange(p, fmt.Sprintf("warm%d-%d.example.", i, j)); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			time.Sleep(100 * time.Millisecond) // a full sweep: the times are learned
+		}
+		if _, err := exchange(p, "warm.example."); err != nil { // the upstream serving now
+			t.Fatal(err)
+		}
+		if m, d := p.Stats().Mode, p.queueDepth(); m != ModeUnknown || d != int32(p.cfg.MaxInflight) {
+			t.Fatalf("After the warm-up: mode %v, queueDepth %d; want %v and no bound (usual answer %v, spacing %v, dial %v)",
+				m, d, ModeUnknown, time.Duration(p.learned.mode.usual.Load()), time.Duration(p.learned.mode.spacing.Load()), time.Duration(p.dialTime.Load()))
+		}
+		slowOne := offerFor(p, 1, 0, func(int) string { return "slow.example." })
+		time.Sleep(6 * time.Millisecond)
+		start := time.Now()
+		if _, err := exchange(p, "next.example."); err != nil {
+			t.Fatal(err)
+		}
+		if took, want := time.Since(start), handshake+service+2*time.Millisecond; took > want {
+			t.Errorf("A query 6 ms after a slow one took %v, want at most %v (a dial and its answer, not the slow answer's rest)", took, want)
+		}
+		checkOutcomes(t, slowOne(), func(string) time.Duration { return slow + service })
+	})
+}

@@ -1,7 +1,10 @@
 package dot
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -174,6 +177,48 @@ func TestArrivalsCountedThroughCuts(t *testing.T) {
 		}
 		if h := s.Handshakes(); h < 3*rate/10/2 {
 			t.Fatalf("%d handshakes: the server did not cut connections every 10 answers", h)
+		}
+	})
+}
+
+// A dial under way longer than the smoothed dial time says is what a dial
+// takes now (dialWait): handshakes of 10 ms turn 200 ms (a loaded client),
+// and 50 ms into the first slow one, the queries that will come before a dial
+// started now is done are counted for 50 ms at least, not 10 (issue 21,
+// property seed 67: 15 dials for the 75 queries of a 65 ms handshake, at a
+// query limit of five). Once it ends, its time is the smoothed time's.
+func TestDialWaitCountsTheDialsUnderWay(t *testing.T) {
+	const fast, slow = 10 * time.Millisecond, 200 * time.Millisecond
+	var handshake atomic.Int64
+	handshake.Store(int64(fast))
+	slower := func(c *Config) {
+		dial := c.Dial
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			time.Sleep(time.Duration(handshake.Load()) - fast) // bubble's dial sleeps fast
+			return dial(ctx, network, addr)
+		}
+	}
+	bubble(t, dottest.Options{}, fast, slower, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		if w, d := p.dialWait(nanotime()), time.Duration(p.dialTime.Load()); w != fast || d != fast {
+			t.Fatalf("With no dial under way, dialWait %v and dial time %v, want %v", w, d, fast)
+		}
+		handshake.Store(int64(slow))
+		p.mu.Lock()
+		started := p.startDialLocked(0, false)
+		p.mu.Unlock()
+		if !started {
+			t.Fatal("No dial started")
+		}
+		time.Sleep(50 * time.Millisecond)
+		if w := p.dialWait(nanotime()); w < 50*time.Millisecond {
+			t.Errorf("50 ms into a dial, dialWait %v, want 50 ms or more (the smoothed dial time: %v)", w, time.Duration(p.dialTime.Load()))
+		}
+		time.Sleep(slow)
+		if w, d := p.dialWait(nanotime()), time.Duration(p.dialTime.Load()); w != d {
+			t.Errorf("After the dial, dialWait %v, want the smoothed dial time %v", w, d)
 		}
 	})
 }
