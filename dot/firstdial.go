@@ -14,12 +14,12 @@ package dot
 // Queries that came within 10 ms of the first dial's start shared it too (up
 // to 16, firstDialShare): a bet that the upstream is fast, which one that
 // answers in order in tens of milliseconds, or is slowed as the connection
-// opens, loses by up to 16 answer times. Property seeds 36, 46, 82, 117, 120
-// and 182 failed in 21 to 26 of 26 strict runs with it, in none of 9
-// without; 71, 79, 132 and 78, whose extra connections its queue saved,
-// fail now (9, 9, 9 and 6 of 9; with it 9, 0, 1 and 1 of 26): 15.1 seeds
-// failed per strict run against 18.7, interleaved. A window of 1 ms did no
-// better than 10 (18.0 and 18.5 seeds failing, 4 strict runs each).
+// opens, loses by up to 16 answer times. Property seeds 36, 46, 82, 117 and
+// 120 failed in 27 to 34 of 34 strict runs with it, in none of 17 without;
+// 71, 79, 132 and 78, whose extra connections its queue saved, fail now (13
+// to 17 of 17; with it 12, 0, 1 and 1 of 34): 15.1 seeds failed per strict
+// run against 18.4. A window of 1 ms did no better than 10 (18.0 and 18.5
+// seeds failing, 4 strict runs each).
 
 // firstDialShareMax: at most this many queries go on the pool's first
 // connection for having dialled before it opened (see joinFirst). The next

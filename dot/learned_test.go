@@ -370,16 +370,17 @@ func TestQueryLimitIdleCutShowsRestart(t *testing.T) {
 }
 
 // Connections cut right at their last answer, with nothing outstanding, teach
-// the limit when two such cuts after as many answers come within
-// restartWindow of each other: a server with a query limit cuts them so under
-// a load that leaves no query outstanding at the limit's answer (a query a
-// connection at 10,000 QPS, TestRegimeChurn). Cuts as far apart as a light
+// the limit when two such cuts after as many answers come within a dial's
+// time of each other: a server with a query limit cuts them so under a load
+// that leaves no query outstanding at the limit's answer (a query a
+// connection at 10,000 QPS, TestRegimeChurn). Cuts as far apart as a lighter
 // load makes them teach nothing (a limit's successors would be a connection
 // more than forward opens, property seeds 17, 111, 130), nor do cuts
 // together of idle connections: a server's idle timeout makes those.
 func TestQueryLimitCutsAtAnswersTogetherTeachIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newBareConn(t, 64).pool
+		p.dialTime.Store(int64(4 * time.Millisecond))
 		time.Sleep(2 * restartWindow)
 		for range 2 {
 			p.learnLimit(CloseServer, 25, 0, false)
@@ -392,8 +393,10 @@ func TestQueryLimitCutsAtAnswersTogetherTeachIt(t *testing.T) {
 			time.Sleep(2 * restartWindow)
 			p.learnLimit(CloseServer, 25, 0, true)
 		}
+		time.Sleep(6 * time.Millisecond) // longer than a dial
+		p.learnLimit(CloseServer, 25, 0, true)
 		if got := p.learned.limit.get(); got != 0 {
-			t.Fatalf("Connections cut at their 25th answer %v apart: limit %d, want 0", 2*restartWindow, got)
+			t.Fatalf("Connections cut at their 25th answer %v, then 6 ms apart, dials taking 4 ms: limit %d, want 0", 2*restartWindow, got)
 		}
 		time.Sleep(3 * time.Millisecond)
 		p.learnLimit(CloseServer, 25, 0, true)
