@@ -452,7 +452,8 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		if confirms {
 			busy = ignored
 		}
-		c.pool.learnLimit(reason, served, busy)
+		atAnswer := busy == 0 && wasOpen && !idleRace && nanotime()-c.servedAt.Load() < int64(answerCutWithin)
+		c.pool.learnLimit(reason, served, busy, atAnswer)
 	}
 	c.pool.connClosed(c, reason, life)
 	lost := &connLostError{cause: cause, replayable: answered > 0 || idleRace, serverCut: reason == CloseServer, served: served}

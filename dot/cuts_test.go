@@ -649,8 +649,8 @@ func TestBurstSpreadsOverOpenConnectionsBeforeDepthIsProven(t *testing.T) {
 	}}
 	bubble(t, opts, 20*time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		// Before the first answer (a handshake of 20 ms, then 1 ms),
-		// queries that come later than firstDialShare after the first dial
-		// started dial their own: five connections.
+		// queries that come apart (no burst) while the first dial is under
+		// way dial their own: five connections.
 		pause := func(i int) time.Duration { return []time.Duration{11, 2, 2, 2, 0}[i] * time.Millisecond }
 		for _, o := range offerPaced(p, 5, pause, func(i int) string { return fmt.Sprintf("cold%d.example.", i) }) {
 			if o.err != nil {

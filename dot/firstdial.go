@@ -1,50 +1,45 @@
 package dot
 
-import "time"
-
 // The pool's first dial, before the first answer: which queries share it and
 // which dial one of their own. Nothing tells yet a slow upstream from a fast
 // one that shakes hands slowly, nor an in-order one from one that is not. The
 // burst that starts the first dial shares it, and its answers tell how the
-// upstream serves; a query that comes later while a slow handshake is under
-// way dials, as forward does: shared, a slow handshake gathered every query
-// of its time on one connection, which an in-order upstream served one after
-// the other (issue 21, seeds 29, 45, 79, 149). For the same reason no more
-// than firstDialShareMax go on the first connection for coming soon after
-// its dial started, nor for having dialled before it opened (seeds 132, 35).
+// upstream serves; a query that comes apart from it (past shareWindow) while
+// the dial is under way dials, as forward does: shared, a slow handshake
+// gathered the queries of its time on one connection, which an in-order
+// upstream served one after the other (issue 21, seeds 29, 45, 79, 149). For
+// the same reason no more than firstDialShareMax go on the first connection
+// for having dialled before it opened (seeds 132, 35).
+//
+// Queries that came within 10 ms of the first dial's start shared it too (up
+// to 16, firstDialShare): a bet that the upstream is fast, which one that
+// answers in order in tens of milliseconds, or is slowed as the connection
+// opens, loses by up to 16 answer times. Property seeds 36, 46, 82, 117 and
+// 120 failed in 27 to 34 of 34 strict runs with it, in none of 17 without;
+// 71, 79, 132 and 78, whose extra connections its queue saved, fail now (13
+// to 17 of 17; with it 12, 0, 1 and 1 of 34): 15.1 seeds failed per strict
+// run against 18.4. A window of 1 ms did no better than 10 (18.0 and 18.5
+// seeds failing, 4 strict runs each).
 
-// firstDialShare: the queries that come within this of the start of the
-// pool's first dial share it, as a burst does (see firstDialBurst): a nearby
-// upstream's handshake takes less, and a cold start opens one connection, not
-// one per query of its handshake's time.
-const firstDialShare = 10 * time.Millisecond
-
-// firstDialShareMax: at most this many queries share the pool's first dial
-// for coming within firstDialShare of its start (those of a burst, within
-// shareWindow of each other, are not counted: see firstDialBurst), and at
-// most this many go on the pool's first connection for having dialled before
-// it opened (see joinFirst). The next ones dial, as forward's would. An
-// in-order upstream serves the queries on one connection one after the
-// other; uncapped, a slow handshake (37 ms) at 2,784 QPS gathered 28 window
-// sharers and about 60 of the queries that came later, and they waited
-// 400-450 ms (issue 21, seed 132; seed 35: 55 on a connection the server
-// cut after 6 answers). Not fewer: BenchmarkPoolExchange's 64 clients, on a
-// loaded 2-core machine, come over several milliseconds, not all as a
-// burst, and with 8 its cold start opened 3, 1 and 7 connections (1 with 16,
-// in 7 runs of 7), against a pipelining upstream that needs one.
+// firstDialShareMax: at most this many queries go on the pool's first
+// connection for having dialled before it opened (see joinFirst). The next
+// ones wait for their dials, as forward's would. An in-order upstream serves
+// the queries on one connection one after the other; uncapped, a slow
+// handshake (37 ms) at 2,784 QPS gathered about 60 of the queries that came
+// during it, and they waited 400-450 ms (issue 21, seed 132; seed 35: 55 on a
+// connection the server cut after 6 answers).
 const firstDialShareMax = 16
 
 // firstDialBurst reports, for a query that arrives before the pool has a
 // connection, whether it shares the dial under way: it comes within
-// shareWindow of the last query that came so (after since), a burst, or
-// within firstDialShare of the first dial's start while fewer than
-// firstDialShareMax shared it so, or it already shares (cl.firstDial). Any
-// other starts a burst: the first dial, here, if none is
-// under way, or later a dial of its own (dialForWaiter, as any query that
-// finds no connection idle). The decision and the first dial's start are one
-// step under p.mu, so that queries that come together cannot each see no dial
-// under way and each start one. A query that shares counts in p.sharers
-// until it stops waiting (endShare): it is owed no dial of its own.
+// shareWindow of the last query that came so (after since), a burst, or it
+// already shares (cl.firstDial). Any other starts a burst: the first dial,
+// here, if none is under way, or later a dial of its own (dialForWaiter, as
+// any query that finds no connection idle). The decision and the first
+// dial's start are one step under p.mu, so that queries that come together
+// cannot each see no dial under way and each start one. A query that shares
+// counts in p.sharers until it stops waiting (endShare): it is owed no dial
+// of its own.
 func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 	if len(*p.conns.Load()) > 0 {
 		return false // the common case before the first answer, off the lock
@@ -55,12 +50,7 @@ func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 		return false
 	}
 	now := nanotime()
-	burst := p.firstDialAt > since
-	window := !burst && now-p.firstDialFrom < int64(firstDialShare) && p.windowSharers < firstDialShareMax
-	if cl.firstDial || p.dials > 0 && (burst || window) {
-		if window && !cl.firstDial {
-			p.windowSharers++
-		}
+	if cl.firstDial || p.dials > 0 && p.firstDialAt > since {
 		p.firstDialAt = now
 		if !cl.firstDial {
 			cl.firstDial = true
@@ -70,7 +60,6 @@ func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 		return true
 	}
 	if p.dials == 0 && p.startDialLocked(0, true) {
-		p.firstDialFrom, p.windowSharers = now, 0
 		p.firstShared.Store(0)
 		p.firstJoined.Store(0)
 		cl.startsFirst = true

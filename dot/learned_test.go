@@ -273,7 +273,7 @@ func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
 			{5, time.Millisecond, 9},   // within the restart: nothing is learned
 		} {
 			time.Sleep(step.after)
-			p.learnLimit(CloseServer, step.served, 1)
+			p.learnLimit(CloseServer, step.served, 1, false)
 			if got := p.learned.limit.get(); got != step.want {
 				t.Fatalf("After a cut at %d answers the limit is %d, want %d", step.served, got, step.want)
 			}
@@ -282,12 +282,12 @@ func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
 		// second, unlike it and at once, takes it back.
 		p.learned.limit.n.Store(0)
 		time.Sleep(2 * restartWindow)
-		p.learnLimit(CloseServer, 30, 1)
+		p.learnLimit(CloseServer, 30, 1, false)
 		if got := p.learned.limit.get(); got != 29 {
 			t.Fatalf("A cut at 30 answers: limit %d, want 29", got)
 		}
 		time.Sleep(time.Millisecond)
-		p.learnLimit(CloseServer, 12, 1)
+		p.learnLimit(CloseServer, 12, 1, false)
 		if got := p.learned.limit.get(); got != 0 {
 			t.Errorf("A cut at 12 answers a millisecond after one at 30: limit %d, want 0 (a restart)", got)
 		}
@@ -305,12 +305,12 @@ func TestQueryLimitRestartTakesBackEveryCut(t *testing.T) {
 		p := newBareConn(t, 64).pool
 		time.Sleep(2 * restartWindow)
 		for _, served := range []int{35, 35} {
-			p.learnLimit(CloseServer, served, 1)
+			p.learnLimit(CloseServer, served, 1, false)
 		}
 		if got := p.learned.limit.get(); got != 34 {
 			t.Fatalf("Two cuts at 35 answers: limit %d, want 34", got)
 		}
-		p.learnLimit(CloseServer, 5, 1)
+		p.learnLimit(CloseServer, 5, 1, false)
 		if got := p.learned.limit.get(); got != 0 {
 			t.Errorf("A cut at 5 answers together with two at 35: limit %d, want 0 (a restart takes back all it taught)", got)
 		}
@@ -330,12 +330,12 @@ func TestQueryLimitRefutedByAConnThatServedMore(t *testing.T) {
 		c.served = 37
 		c.mu.Unlock()
 		time.Sleep(2 * restartWindow)
-		p.learnLimit(CloseServer, 35, 1)
+		p.learnLimit(CloseServer, 35, 1, false)
 		if got := p.learned.limit.get(); got != 0 {
 			t.Fatalf("A cut at 35 answers with a connection that served 37 open: limit %d, want 0", got)
 		}
 		time.Sleep(2 * restartWindow)
-		p.learnLimit(CloseServer, 36, 1) // give or take one: as alike allows
+		p.learnLimit(CloseServer, 36, 1, false) // give or take one: as alike allows
 		if got := p.learned.limit.get(); got != 35 {
 			t.Errorf("A cut at 36 answers with a connection that served 37 open: limit %d, want 35", got)
 		}
@@ -351,20 +351,57 @@ func TestQueryLimitIdleCutShowsRestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newBareConn(t, 64).pool
 		time.Sleep(2 * restartWindow)
-		p.learnLimit(CloseServer, 36, 1)
+		p.learnLimit(CloseServer, 36, 1, false)
 		if got := p.learned.limit.get(); got != 35 {
 			t.Fatalf("A cut at 36 answers: limit %d, want 35", got)
 		}
-		p.learnLimit(CloseServer, 11, 0)
+		p.learnLimit(CloseServer, 11, 0, false)
 		if got := p.learned.limit.get(); got != 0 {
 			t.Errorf("An idle connection cut after 11 answers together with a busy one at 36: limit %d, want 0 (a restart)", got)
 		}
 		for range 2 {
 			time.Sleep(2 * restartWindow)
-			p.learnLimit(CloseServer, 20, 0)
+			p.learnLimit(CloseServer, 20, 0, false)
 		}
 		if got := p.learned.limit.get(); got != 0 {
 			t.Errorf("Idle connections cut after 20 answers: limit %d, want 0", got)
+		}
+	})
+}
+
+// Connections cut right at their last answer, with nothing outstanding, teach
+// the limit when two such cuts after as many answers come within a dial's
+// time of each other: a server with a query limit cuts them so under a load
+// that leaves no query outstanding at the limit's answer (a query a
+// connection at 10,000 QPS, TestRegimeChurn). Cuts as far apart as a lighter
+// load makes them teach nothing (a limit's successors would be a connection
+// more than forward opens, property seeds 17, 111, 130), nor do cuts
+// together of idle connections: a server's idle timeout makes those.
+func TestQueryLimitCutsAtAnswersTogetherTeachIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newBareConn(t, 64).pool
+		p.dialTime.Store(int64(4 * time.Millisecond))
+		time.Sleep(2 * restartWindow)
+		for range 2 {
+			p.learnLimit(CloseServer, 25, 0, false)
+			time.Sleep(3 * time.Millisecond)
+		}
+		if got := p.learned.limit.get(); got != 0 {
+			t.Fatalf("Idle connections cut together after 25 answers: limit %d, want 0", got)
+		}
+		for range 2 {
+			time.Sleep(2 * restartWindow)
+			p.learnLimit(CloseServer, 25, 0, true)
+		}
+		time.Sleep(6 * time.Millisecond) // longer than a dial
+		p.learnLimit(CloseServer, 25, 0, true)
+		if got := p.learned.limit.get(); got != 0 {
+			t.Fatalf("Connections cut at their 25th answer %v, then 6 ms apart, dials taking 4 ms: limit %d, want 0", 2*restartWindow, got)
+		}
+		time.Sleep(3 * time.Millisecond)
+		p.learnLimit(CloseServer, 25, 0, true)
+		if got := p.learned.limit.get(); got != 24 {
+			t.Errorf("Connections cut at their 25th answer 3 ms apart: limit %d, want 24", got)
 		}
 	})
 }
@@ -411,7 +448,7 @@ func TestSilencesTeachTheLimitAmidIdleCuts(t *testing.T) {
 			t.Fatalf("One silent connection taught a limit of %d, want none", got)
 		}
 		for range 3 { // the server's idle timeout closes unused connections
-			p.learnLimit(CloseServer, 1, 0)
+			p.learnLimit(CloseServer, 1, 0, false)
 			time.Sleep(time.Millisecond)
 		}
 		p.learnSilence(other, 22)

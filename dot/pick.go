@@ -79,8 +79,8 @@ func (p *Pool) slowUnknown() bool {
 	case u == 0:
 		// Before the first connection too: a query that comes while its
 		// dial is under way dials one of its own, unless it is of the
-		// burst that started it, or within firstDialShare of its start
-		// (see firstDialBurst). Shared, the dial of an upstream that
+		// burst that started it (see firstDialBurst). Shared, the dial of
+		// an upstream that
 		// shakes hands slowly gathered every query of the handshake's time
 		// on one connection, and an in-order upstream served them one
 		// after the other (issue 21, seeds 79, 149). A pool that has

@@ -72,11 +72,9 @@ type Pool struct {
 	// that had answered (see noteServerCutLocked, backoff.go)
 	answeredCut time.Time
 
-	// Guarded by mu, unix ns (see firstDialBurst): the last query that came
-	// before the pool had a connection, and when the first dial (one with
-	// none under way and no connection) started.
-	firstDialAt, firstDialFrom int64
-	windowSharers              int // guarded by mu: queries that shared the first dial by firstDialShare alone
+	// firstDialAt, guarded by mu, unix ns (see firstDialBurst): the last
+	// query that came before the pool had a connection
+	firstDialAt int64
 }
 
 // Stats is a snapshot of a pool's state.

@@ -76,7 +76,7 @@ func TestWrongQueryLimitUnlearned(t *testing.T) {
 	bubble(t, dottest.Options{}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
 		time.Sleep(2 * restartWindow)
-		p.learnLimit(CloseServer, 30, 1) // as if the server had cut a connection after 30 answers
+		p.learnLimit(CloseServer, 30, 1, false) // as if the server had cut a connection after 30 answers
 		if l := p.learned.limit.get(); l != 29 {
 			t.Fatalf("Limit %d after a cut at 30 answers, want 29", l)
 		}
