@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -275,5 +276,44 @@ func TestWaitingQueryIsNoOrderCheck(t *testing.T) {
 	}
 	if n := checks(true); n != 0 {
 		t.Errorf("%d order checks in %d picks of waiting queries, want none: they rolled when they first picked", n, 20*orderCheckEvery)
+	}
+}
+
+// An order check waits behind the query it was put behind for the rescue
+// delay of an upstream not known to be in order, not in order's
+// minRescueDelay: rescued then, it cost a connection more than forward's,
+// the upstream serving it where it was anyway (property seed 64). Any other
+// query behind another is rescued after minRescueDelay in order.
+func TestOrderCheckRescuedLate(t *testing.T) {
+	c := newBareConn(t, 8)
+	p := c.pool
+	p.learned.mode.mode.Store(int32(ModeInOrder))
+	p.learned.mode.usual.Store(int64(5 * time.Millisecond))
+	head, check := newTestCall(mustPrepare(t, "head.example.")), newTestCall(mustPrepare(t, "check.example."))
+	check.orderCheck = true
+	now := nanotime()
+	for i, cl := range []*call{head, check} {
+		if !c.register(cl) {
+			t.Fatal("register failed")
+		}
+		cl.seq = uint32(i + 1)
+		cl.sentAt.Store(now)
+		cl.state.Store(callSent)
+	}
+	stuck := func(after time.Duration) int {
+		w := stuckWatch{now: now + int64(after), delay: p.rescueDelay(), after: math.MaxInt64, checkDelay: p.checkRescueDelay()}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.stuckLocked(&w))
+	}
+	if n := stuck(minRescueDelay); n != 0 {
+		t.Errorf("%d stuck after minRescueDelay, want 0: an order check waits %v", n, time.Duration(p.checkRescueDelay()))
+	}
+	if n := stuck(time.Duration(p.checkRescueDelay())); n != 1 {
+		t.Errorf("%d stuck after %v, want 1", n, time.Duration(p.checkRescueDelay()))
+	}
+	check.orderCheck = false
+	if n := stuck(minRescueDelay); n != 1 {
+		t.Errorf("%d stuck after minRescueDelay, not an order check, want 1 (the control)", n)
 	}
 }

@@ -274,6 +274,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		if load == 0 && best != nil && p.yieldsIdle(cl) {
 			return nil // an idle connection, but an older waiter's: see waitOrder
 		}
+		var check *conn // the connection an order check goes on
 		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
 			// An order check is due until one finds a connection to go on.
 			// Rolled by a query before it waits (acquire's pick and
@@ -282,7 +283,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			// (TestWaitingQueryIsNoOrderCheck).
 			pc := p.orderCheckConn(cl)
 			p.orderCheckDue.Store(pc == nil)
-			best = cmp.Or(pc, best)
+			best, check = cmp.Or(pc, best), pc
 		}
 		if idle == 0 && cl.avoid == nil && (burst != nil || p.joinsFirst(cl) && load < int32(p.cfg.MaxInflight)) {
 			// A burst before the first answer, or a query that waited
@@ -302,6 +303,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		if best == nil {
 			return nil
 		}
+		cl.orderCheck = check != nil && best == check
 		if best.registerWithin(cl, within) {
 			if burstSince != math.MaxInt64 {
 				best.pickedAt.Store(nanotime())
