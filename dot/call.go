@@ -31,9 +31,9 @@ type call struct {
 	callerDeadline bool // deadline is the caller's, not ReadTimeout
 	rescuable      bool // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
 	// orderCheck: it went behind another query on purpose (see
-	// orderCheckConn). Set by the caller before it is registered on its
-	// connection, read under conn.mu (see stuckLocked). Here, beside the
-	// bools, it takes what was padding (TestQueryAndAnswerAllocateOnceEach).
+	// orderCheckConn). The caller's only: set as it registers, read when
+	// it is rescued (see acquireRescue). Here, beside the bools, it takes
+	// what was padding (TestQueryAndAnswerAllocateOnceEach).
 	orderCheck bool
 	avoid      *conn // a rescue's blocked connection, which pick skips; immutable
 	// within: a replay of a query whose connection the server cut after

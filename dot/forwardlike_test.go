@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -279,41 +278,51 @@ func TestWaitingQueryIsNoOrderCheck(t *testing.T) {
 	}
 }
 
-// An order check waits behind the query it was put behind for the rescue
-// delay of an upstream not known to be in order, not in order's
-// minRescueDelay: rescued then, it cost a connection more than forward's,
-// the upstream serving it where it was anyway (property seed 64). Any other
-// query behind another is rescued after minRescueDelay in order.
-func TestOrderCheckRescuedLate(t *testing.T) {
-	c := newBareConn(t, 8)
-	p := c.pool
+// An order check's rescue takes a connection only if one is idle at once:
+// none idle, it dials none and waits for none, and the check waits where it
+// was put, which the upstream serves anyway (property seeds 2 and 64: order
+// checks rescued onto dials, 1-4 connections more than forward at its peak).
+// One idle, it takes it, so that a check behind a slow in-order upstream's
+// answer does not wait two answer times (seed 47).
+func TestOrderCheckRescuedOnlyOntoAnIdleConnection(t *testing.T) {
+	stuck := newBareConn(t, 8)
+	p := stuck.pool
+	other := newConn(p, stuck.tc, stuck.bc)
+	p.conns.Store(&[]*conn{stuck, other})
 	p.learned.mode.mode.Store(int32(ModeInOrder))
-	p.learned.mode.usual.Store(int64(5 * time.Millisecond))
-	head, check := newTestCall(mustPrepare(t, "head.example.")), newTestCall(mustPrepare(t, "check.example."))
-	check.orderCheck = true
-	now := nanotime()
-	for i, cl := range []*call{head, check} {
-		if !c.register(cl) {
+	p.learned.mode.usual.Store(int64(time.Millisecond))
+	for _, c := range []*conn{stuck, other} {
+		if !c.register(newTestCall(mustPrepare(t, "first.example."))) {
 			t.Fatal("register failed")
 		}
-		cl.seq = uint32(i + 1)
-		cl.sentAt.Store(now)
-		cl.state.Store(callSent)
+		<-c.writeq
 	}
-	stuck := func(after time.Duration) int {
-		w := stuckWatch{now: now + int64(after), delay: p.rescueDelay(), after: math.MaxInt64, checkDelay: p.checkRescueDelay()}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return len(c.stuckLocked(&w))
+	check := newTestCall(mustPrepare(t, "check.example."))
+	check.orderCheck = true
+	if !stuck.register(check) {
+		t.Fatal("register failed")
 	}
-	if n := stuck(minRescueDelay); n != 0 {
-		t.Errorf("%d stuck after minRescueDelay, want 0: an order check waits %v", n, time.Duration(p.checkRescueDelay()))
+	<-stuck.writeq
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rescue := func() (*conn, error) {
+		r := p.newCall(ctx, mustPrepare(t, "check.example."), time.Time{})
+		r.avoid, r.rescuable = stuck, false
+		var got result
+		return p.acquireRescue(ctx, r, check, &got)
 	}
-	if n := stuck(time.Duration(p.checkRescueDelay())); n != 1 {
-		t.Errorf("%d stuck after %v, want 1", n, time.Duration(p.checkRescueDelay()))
+	if c, err := rescue(); !errors.Is(err, errNoneIdle) {
+		t.Errorf("With none idle: rescued onto %p, error %v, want %v", c, err, errNoneIdle)
 	}
-	check.orderCheck = false
-	if n := stuck(minRescueDelay); n != 1 {
-		t.Errorf("%d stuck after minRescueDelay, not an order check, want 1 (the control)", n)
+	p.mu.Lock()
+	dials := p.dials
+	p.mu.Unlock()
+	if dials != 0 {
+		t.Errorf("With none idle: %d dials under way, want none", dials)
+	}
+	idle := newConn(p, stuck.tc, stuck.bc)
+	p.conns.Store(&[]*conn{stuck, other, idle})
+	if c, err := rescue(); c != idle || err != nil {
+		t.Errorf("With one idle: rescued onto %p, error %v, want the idle %p", c, err, idle)
 	}
 }

@@ -108,19 +108,6 @@ func (p *Pool) rescueDelay() int64 {
 	return max(int64(minRescueDelay), rescueFactor*m.usual.Load())
 }
 
-// checkRescueDelay is how long an order check waits behind the query it was
-// put behind before it is rescued, in any mode: the rescue delay of an
-// upstream not known to be in order. Rescued after minRescueDelay, as in
-// order any query behind another is, it cost the connection forward would
-// have given it (the rescue's, dialled if need be) on top of the one it was
-// put on, which the upstream kept busy for it anyway (property seed 64: two
-// order checks rescued 10 ms after in order was learned, 1-4 connections
-// more than forward's 395 at once). Behind a query that is slow in its own
-// right, it is rescued as any query would be while the mode is not known.
-func (p *Pool) checkRescueDelay() int64 {
-	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.usual.Load())
-}
-
 // blockWatch is the sweeper's view of one connection's reads, for telling when
 // it is blocked. Sweeper only.
 type blockWatch struct {
@@ -151,7 +138,7 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 	}
 	mode := p.learned.mode.get()
 	w := stuckWatch{now: now, delay: p.rescueDelay(), cost: rescueCost[mode], tokens: &z.tokens, after: z.newestSent,
-		overdue: judgeFactor * p.learned.mode.mean.Load(), checkDelay: p.checkRescueDelay()}
+		overdue: judgeFactor * p.learned.mode.mean.Load()}
 	if mode == ModeInOrder || p.learned.mode.waits.Load() {
 		w.after = math.MaxInt64 // every query waits behind those before it
 	}
@@ -199,22 +186,12 @@ type stuckWatch struct {
 	overdue int64
 	cost    float64  // of a rescue, in tokens
 	tokens  *float64 // the rescue budget
-	// checkDelay: the rescue delay of an order check (see checkRescueDelay)
-	checkDelay int64
 }
 
 // waits reports whether something shows that a call written at sent, waited
 // outstanding for now-sent = age, waits behind another.
 func (w *stuckWatch) waits(age, sent int64) bool {
 	return sent < w.after || w.overdue > 0 && age >= w.overdue
-}
-
-// delayOf is how long cl waits behind another before it is rescued.
-func (w *stuckWatch) delayOf(cl *call) int64 {
-	if cl.orderCheck {
-		return max(w.delay, w.checkDelay)
-	}
-	return w.delay
 }
 
 // rescueStuck is called on a connection that has read nothing for delay. It marks c
@@ -272,7 +249,7 @@ func (c *conn) stuckLocked(w *stuckWatch) []*call {
 	for _, cl := range c.calls {
 		if cl.tombUntil != 0 {
 			c.judgeLocked(cl, now)
-		} else if s := cl.sentAt.Load(); cl.state.Load() == callSent && cl.seq != head && now-s >= w.delayOf(cl) && w.waits(now-s, s) {
+		} else if s := cl.sentAt.Load(); cl.state.Load() == callSent && cl.seq != head && now-s >= w.delay && w.waits(now-s, s) {
 			stuck = append(stuck, cl)
 		}
 	}
@@ -287,7 +264,7 @@ func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn
 	r := p.newCall(ctx, q, deadline)
 	r.avoid, r.rescuable = c, false
 	var got result
-	rc, err := p.acquireOr(ctx, r, cl.resp, &got)
+	rc, err := p.acquireRescue(ctx, r, cl, &got)
 	if err != nil {
 		p.respChans.Put(r.resp)
 		if errors.Is(err, errOtherFirst) {
@@ -305,6 +282,33 @@ func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn
 type attempt struct {
 	c  *conn
 	cl *call
+}
+
+// errNoneIdle: an order check's rescue found no connection idle (see
+// acquireRescue).
+var errNoneIdle = errors.New("dot: no connection idle for an order check's rescue")
+
+// acquireRescue finds the rescue r of the stuck call cl a connection (see
+// acquireOr). The rescue of an order check (see orderCheckConn) takes one
+// only if one is idle at once, and otherwise fails with errNoneIdle: the
+// check waits where it was put. The upstream serves it there whatever the
+// pool does; a rescue that dialled, or waited for a connection to free, took
+// the connection forward would have given the check on top of the one it
+// was put on, both busy for it (property seeds 2 and 64: order checks
+// rescued right after in order was learned, 1-4 connections more than
+// forward at its peak). Not rescued at all, a check behind a slow
+// in-order upstream's answer waited two answer times (seed 47: 282 ms
+// against forward's p99 of 184).
+func (p *Pool) acquireRescue(ctx context.Context, r, cl *call, got *result) (*conn, error) {
+	if !cl.orderCheck {
+		return p.acquireOr(ctx, r, cl.resp, got)
+	}
+	rc := p.pick(r)
+	if rc == nil {
+		return nil, errNoneIdle
+	}
+	p.rescueCalls.Add(1)
+	return rc, nil
 }
 
 // firstOfTwo waits for the first answer of a stuck attempt and its rescue and gives
