@@ -278,12 +278,12 @@ func TestWaitingQueryIsNoOrderCheck(t *testing.T) {
 	}
 }
 
-// An order check's rescue takes a connection only if one is idle at once:
-// none idle, it dials none and waits for none, and the check waits where it
-// was put, which the upstream serves anyway (property seeds 2 and 64: order
-// checks rescued onto dials, 1-4 connections more than forward at its peak).
-// One idle, it takes it, so that a check behind a slow in-order upstream's
-// answer does not wait two answer times (seed 47).
+// An order check's rescue within checkRescueDelay takes a connection only if
+// one is idle at once: none idle, it dials none and waits for none, and the
+// check waits where it was put, which the upstream serves anyway (property
+// seeds 2 and 64: order checks rescued onto dials, 1-4 connections more than
+// forward at its peak). One idle, it takes it, so that a check behind a slow
+// in-order upstream's answer does not wait two answer times (seed 47).
 func TestOrderCheckRescuedOnlyOntoAnIdleConnection(t *testing.T) {
 	stuck := newBareConn(t, 8)
 	p := stuck.pool
@@ -303,6 +303,7 @@ func TestOrderCheckRescuedOnlyOntoAnIdleConnection(t *testing.T) {
 		t.Fatal("register failed")
 	}
 	<-stuck.writeq
+	check.sentAt.Store(nanotime()) // just written: within checkRescueDelay
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	rescue := func() (*conn, error) {
@@ -324,5 +325,46 @@ func TestOrderCheckRescuedOnlyOntoAnIdleConnection(t *testing.T) {
 	p.conns.Store(&[]*conn{stuck, other, idle})
 	if c, err := rescue(); c != idle || err != nil {
 		t.Errorf("With one idle: rescued onto %p, error %v, want the idle %p", c, err, idle)
+	}
+}
+
+// In order, the sweeper rescues an order check after minRescueDelay only
+// while a connection is idle (its rescue goes there, see acquireRescue);
+// while none is, after checkRescueDelay, as any query of an upstream not
+// known to be in order. Any other query behind another is rescued after
+// minRescueDelay.
+func TestOrderCheckRescuedEarlyOnlyWhileOneIsIdle(t *testing.T) {
+	stuck := newBareConn(t, 8)
+	p := stuck.pool
+	p.learned.mode.mode.Store(int32(ModeInOrder))
+	p.learned.mode.usual.Store(int64(5 * time.Millisecond)) // checkRescueDelay: 40 ms
+	p.sizer.tokens = maxRescueBurst
+	head, check := newTestCall(mustPrepare(t, "head.example.")), newTestCall(mustPrepare(t, "check.example."))
+	check.orderCheck, check.rescuable = true, true
+	now := nanotime()
+	for i, cl := range []*call{head, check} {
+		if !stuck.register(cl) {
+			t.Fatal("register failed")
+		}
+		cl.seq = uint32(i + 1)
+		cl.sentAt.Store(now)
+		cl.state.Store(callSent)
+	}
+	notified := func(after time.Duration, conns ...*conn) bool {
+		p.watch(now+int64(after), 0, conns)
+		select {
+		case r := <-check.resp:
+			return errors.Is(r.err, errRescued)
+		default:
+			return false
+		}
+	}
+	p.watch(now, 0, []*conn{stuck}) // its reads start still
+	if notified(2*minRescueDelay, stuck) {
+		t.Errorf("Rescued after %v with no connection idle, want not before %v", 2*minRescueDelay, time.Duration(p.checkRescueDelay()))
+	}
+	idle := newConn(p, stuck.tc, stuck.bc)
+	if !notified(2*minRescueDelay, stuck, idle) {
+		t.Errorf("Not rescued after %v with a connection idle, want rescued", 2*minRescueDelay)
 	}
 }
