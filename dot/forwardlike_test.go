@@ -336,6 +336,7 @@ func TestOrderCheckRescuedOnlyOntoAnIdleConnection(t *testing.T) {
 func TestOrderCheckRescuedEarlyOnlyWhileOneIsIdle(t *testing.T) {
 	stuck := newBareConn(t, 8)
 	p := stuck.pool
+	p.Close() // its sweeper stops: watch below is the sweeper's, and stuck is none of its connections
 	p.learned.mode.mode.Store(int32(ModeInOrder))
 	p.learned.mode.usual.Store(int64(5 * time.Millisecond)) // checkRescueDelay: 40 ms
 	p.sizer.tokens = maxRescueBurst
