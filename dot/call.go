@@ -28,9 +28,14 @@ type call struct {
 	nth      int          // its place among the calls the connection accepted (from 1), set under conn.mu by register
 	trial    bool         // the call is one of a record trial's two queries (see records.go)
 
-	callerDeadline bool  // deadline is the caller's, not ReadTimeout
-	rescuable      bool  // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
-	avoid          *conn // a rescue's blocked connection, which pick skips; immutable
+	callerDeadline bool // deadline is the caller's, not ReadTimeout
+	rescuable      bool // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
+	// orderCheck: it went behind another query on purpose (see
+	// orderCheckConn). The caller's only: set as it registers, read when
+	// it is rescued (see acquireRescue). Here, beside the bools, it takes
+	// what was padding (TestQueryAndAnswerAllocateOnceEach).
+	orderCheck bool
+	avoid      *conn // a rescue's blocked connection, which pick skips; immutable
 	// within: a replay of a query whose connection the server cut after
 	// this many answers goes only to a connection that took fewer queries
 	// (conn.taken), as long as one takes it (see Pool.pick); 0: anywhere.

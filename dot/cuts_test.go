@@ -581,6 +581,66 @@ func TestWarmConnectionsTakenInTurn(t *testing.T) {
 	})
 }
 
+// Under a learned query limit, the in-order pool takes its idle connections
+// oldest first, not the warm ones in turn: taken in turn, each took a query
+// every few, so that they reached the limit together, and the pool redialled
+// them all at once (property seed 7: four cut within 44 ms, then seven dials
+// for the burst that came next, against forward's five: its stack of idle
+// connections, the most recently used on top, spreads their ends too). Here a
+// steady query at a time after bursts that left the pool a dozen or more
+// connections uses up one connection after another.
+func TestLimitedConnectionsUsedUpOneAfterAnother(t *testing.T) {
+	const limit, steady = 20, 60
+	opts := dottest.Options{InOrder: true, CloseAfter: limit, Delay: func(dns.Question) time.Duration { return 5 * time.Millisecond }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		n := 0
+		burst := func(k int) {
+			var wg sync.WaitGroup
+			for range k {
+				n++
+				name := fmt.Sprintf("q%d.example.", n)
+				wg.Go(func() {
+					if _, err := exchange(p, name); err != nil {
+						t.Errorf("%s: %v", name, err)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		for i := 0; p.learned.mode.get() != ModeInOrder; i++ {
+			if i == 20 {
+				t.Fatalf("Mode %v after 20 bursts of 30, want in order", p.learned.mode.get())
+			}
+			burst(30)
+		}
+		// The limit, as a busy connection's cut teaches it: in order, the
+		// server cuts connections with nothing outstanding, which teach none.
+		p.applyLimit(p.learned.limit.learn(limit))
+		burst(12) // the pool keeps at least these
+		if open := len(*p.conns.Load()); open < 8 {
+			t.Fatalf("%d connections open before the steady load, want 8 or more", open)
+		}
+		taken := map[*conn]int32{}
+		for _, c := range *p.conns.Load() {
+			taken[c] = c.taken.Load()
+		}
+		used := map[*conn]bool{}
+		for range steady {
+			burst(1)
+			for _, c := range *p.conns.Load() {
+				if c.taken.Load() > taken[c] {
+					used[c] = true
+				}
+				taken[c] = c.taken.Load()
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if want := steady/(limit-1) + 2; len(used) > want {
+			t.Errorf("%d steady queries, one at a time, went to %d connections, want at most %d (used up one after another)", steady, len(used), want)
+		}
+	})
+}
+
 // A server with a query limit that ignores the queries past it, whose answers
 // all take 80 ms: its connections fall silent after 19 answers, each holding
 // 40 ignored queries. Where many queries wait, one usual answer time of quiet

@@ -277,3 +277,95 @@ func TestWaitingQueryIsNoOrderCheck(t *testing.T) {
 		t.Errorf("%d order checks in %d picks of waiting queries, want none: they rolled when they first picked", n, 20*orderCheckEvery)
 	}
 }
+
+// An order check's rescue within checkRescueDelay takes a connection only if
+// one is idle at once: none idle, it dials none and waits for none, and the
+// check waits where it was put, which the upstream serves anyway (property
+// seeds 2 and 64: order checks rescued onto dials, 1-4 connections more than
+// forward at its peak). One idle, it takes it, so that a check behind a slow
+// in-order upstream's answer does not wait two answer times (seed 47).
+func TestOrderCheckRescuedOnlyOntoAnIdleConnection(t *testing.T) {
+	stuck := newBareConn(t, 8)
+	p := stuck.pool
+	other := newConn(p, stuck.tc, stuck.bc)
+	p.conns.Store(&[]*conn{stuck, other})
+	p.learned.mode.mode.Store(int32(ModeInOrder))
+	p.learned.mode.usual.Store(int64(time.Millisecond))
+	for _, c := range []*conn{stuck, other} {
+		if !c.register(newTestCall(mustPrepare(t, "first.example."))) {
+			t.Fatal("register failed")
+		}
+		<-c.writeq
+	}
+	check := newTestCall(mustPrepare(t, "check.example."))
+	check.orderCheck = true
+	if !stuck.register(check) {
+		t.Fatal("register failed")
+	}
+	<-stuck.writeq
+	check.sentAt.Store(nanotime()) // just written: within checkRescueDelay
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rescue := func() (*conn, error) {
+		r := p.newCall(ctx, mustPrepare(t, "check.example."), time.Time{})
+		r.avoid, r.rescuable = stuck, false
+		var got result
+		return p.acquireRescue(ctx, r, check, &got)
+	}
+	if c, err := rescue(); !errors.Is(err, errNoneIdle) {
+		t.Errorf("With none idle: rescued onto %p, error %v, want %v", c, err, errNoneIdle)
+	}
+	p.mu.Lock()
+	dials := p.dials
+	p.mu.Unlock()
+	if dials != 0 {
+		t.Errorf("With none idle: %d dials under way, want none", dials)
+	}
+	idle := newConn(p, stuck.tc, stuck.bc)
+	p.conns.Store(&[]*conn{stuck, other, idle})
+	if c, err := rescue(); c != idle || err != nil {
+		t.Errorf("With one idle: rescued onto %p, error %v, want the idle %p", c, err, idle)
+	}
+}
+
+// In order, the sweeper rescues an order check after minRescueDelay only
+// while a connection is idle (its rescue goes there, see acquireRescue);
+// while none is, after checkRescueDelay, as any query of an upstream not
+// known to be in order. Any other query behind another is rescued after
+// minRescueDelay.
+func TestOrderCheckRescuedEarlyOnlyWhileOneIsIdle(t *testing.T) {
+	stuck := newBareConn(t, 8)
+	p := stuck.pool
+	p.Close() // its sweeper stops: watch below is the sweeper's, and stuck is none of its connections
+	p.learned.mode.mode.Store(int32(ModeInOrder))
+	p.learned.mode.usual.Store(int64(5 * time.Millisecond)) // checkRescueDelay: 40 ms
+	p.sizer.tokens = maxRescueBurst
+	head, check := newTestCall(mustPrepare(t, "head.example.")), newTestCall(mustPrepare(t, "check.example."))
+	check.orderCheck, check.rescuable = true, true
+	now := nanotime()
+	for i, cl := range []*call{head, check} {
+		if !stuck.register(cl) {
+			t.Fatal("register failed")
+		}
+		cl.seq = uint32(i + 1)
+		cl.sentAt.Store(now)
+		cl.state.Store(callSent)
+	}
+	notified := func(after time.Duration, conns ...*conn) bool {
+		p.watch(now+int64(after), 0, conns)
+		select {
+		case r := <-check.resp:
+			return errors.Is(r.err, errRescued)
+		default:
+			return false
+		}
+	}
+	p.watch(now, 0, []*conn{stuck}) // its reads start still
+	if notified(2*minRescueDelay, stuck) {
+		t.Errorf("Rescued after %v with no connection idle, want not before %v", 2*minRescueDelay, time.Duration(p.checkRescueDelay()))
+	}
+	idle := newConn(p, stuck.tc, stuck.bc)
+	if !notified(2*minRescueDelay, stuck, idle) {
+		t.Errorf("Not rescued after %v with a connection idle, want rescued", 2*minRescueDelay)
+	}
+}

@@ -122,6 +122,7 @@ type blockWatch struct {
 // time a connection read nothing.
 func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 	z := &p.sizer
+	idle := false // a connection takes queries with nothing outstanding
 	for _, c := range conns {
 		w, r := &c.watch, c.reads.Load()
 		total += r
@@ -134,11 +135,15 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		busy = busy || c.load.Load() > 0
 		if c.load.Load() == 0 {
 			c.quietAt.Store(0) // waiting for nothing: a new query waits behind nobody
+			idle = idle || c.avail().takes()
 		}
 	}
 	mode := p.learned.mode.get()
 	w := stuckWatch{now: now, delay: p.rescueDelay(), cost: rescueCost[mode], tokens: &z.tokens, after: z.newestSent,
-		overdue: judgeFactor * p.learned.mode.mean.Load()}
+		overdue: judgeFactor * p.learned.mode.mean.Load(), checkDelay: p.checkRescueDelay()}
+	if idle {
+		w.checkDelay = w.delay // an order check's rescue goes there (see acquireRescue)
+	}
 	if mode == ModeInOrder || p.learned.mode.waits.Load() {
 		w.after = math.MaxInt64 // every query waits behind those before it
 	}
@@ -186,6 +191,17 @@ type stuckWatch struct {
 	overdue int64
 	cost    float64  // of a rescue, in tokens
 	tokens  *float64 // the rescue budget
+	// checkDelay: the rescue delay of an order check (see acquireRescue):
+	// delay while a connection is idle, else checkRescueDelay
+	checkDelay int64
+}
+
+// delayOf is how long cl waits behind another before it is rescued.
+func (w *stuckWatch) delayOf(cl *call) int64 {
+	if cl.orderCheck {
+		return max(w.delay, w.checkDelay)
+	}
+	return w.delay
 }
 
 // waits reports whether something shows that a call written at sent, waited
@@ -249,7 +265,7 @@ func (c *conn) stuckLocked(w *stuckWatch) []*call {
 	for _, cl := range c.calls {
 		if cl.tombUntil != 0 {
 			c.judgeLocked(cl, now)
-		} else if s := cl.sentAt.Load(); cl.state.Load() == callSent && cl.seq != head && now-s >= w.delay && w.waits(now-s, s) {
+		} else if s := cl.sentAt.Load(); cl.state.Load() == callSent && cl.seq != head && now-s >= w.delayOf(cl) && w.waits(now-s, s) {
 			stuck = append(stuck, cl)
 		}
 	}
@@ -264,7 +280,7 @@ func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn
 	r := p.newCall(ctx, q, deadline)
 	r.avoid, r.rescuable = c, false
 	var got result
-	rc, err := p.acquireOr(ctx, r, cl.resp, &got)
+	rc, err := p.acquireRescue(ctx, r, cl, &got)
 	if err != nil {
 		p.respChans.Put(r.resp)
 		if errors.Is(err, errOtherFirst) {
@@ -282,6 +298,45 @@ func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn
 type attempt struct {
 	c  *conn
 	cl *call
+}
+
+// errNoneIdle: an order check's rescue found no connection idle (see
+// acquireRescue).
+var errNoneIdle = errors.New("dot: no connection idle for an order check's rescue")
+
+// checkRescueDelay is how long an order check waits behind the query it was
+// put behind, while no connection is idle, before it is rescued as any
+// query is (acquireOr, dialling if need be): the rescue delay of an
+// upstream not known to be in order. While one is idle, it is rescued after
+// the delay of the mode, onto that one (see acquireRescue).
+func (p *Pool) checkRescueDelay() int64 {
+	return max(int64(minRescueDelay), rescueFactor*p.learned.mode.usual.Load())
+}
+
+// acquireRescue finds the rescue r of the stuck call cl a connection (see
+// acquireOr). The rescue of an order check (see orderCheckConn) before
+// checkRescueDelay takes one only if one is idle at once (the sweeper
+// rescues it that early only while one is, see watch), and otherwise fails
+// with errNoneIdle: the check waits where it was put. The upstream serves it
+// there whatever the pool does; a rescue that dialled, or waited for a
+// connection to free, took the connection forward would have given the
+// check on top of the one it was put on, both busy for it (property seeds 2
+// and 64: order checks rescued right after in order was learned, 1-4
+// connections more than forward at its peak). Not rescued at all, a check
+// behind a slow in-order upstream's answer waited two answer times (seed
+// 47: 282 ms against forward's p99 of 184); not rescued as any query once
+// it waited checkRescueDelay, one behind a fast upstream's slow answer
+// waited 600 ms (TestRegimeSwitchingUpstream, 2 runs in 30).
+func (p *Pool) acquireRescue(ctx context.Context, r, cl *call, got *result) (*conn, error) {
+	if !cl.orderCheck || nanotime()-cl.sentAt.Load() >= p.checkRescueDelay() {
+		return p.acquireOr(ctx, r, cl.resp, got)
+	}
+	rc := p.pick(r)
+	if rc == nil {
+		return nil, errNoneIdle
+	}
+	p.rescueCalls.Add(1)
+	return rc, nil
 }
 
 // firstOfTwo waits for the first answer of a stuck attempt and its rescue and gives
