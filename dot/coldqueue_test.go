@@ -73,3 +73,37 @@ func (l *learnedAt) since(start time.Time) time.Duration {
 	}
 	return l.at.Sub(start)
 }
+
+// A fast in-order upstream (9 ms a query) that shakes hands slowly (40 ms),
+// timed by one query and then met by 16 at once: the pool pipelines them on
+// its one connection before it learns in order (about four answers in), then
+// rescues the rest of that queue. A rescue dial takes longer than four
+// answers there, which the queue's connection serves meanwhile: the rescues
+// go one dial at a time (dialForRescue), taking each connection as it is
+// done, rather than one dial each at once, all done when the queue is
+// nearly served (issue 21, property seed 79: 42 ms handshakes, 9 ms
+// answers, three rescue dials at once, 10 connections against forward's
+// 9). The answers come no later than the queue's own in-order service and a
+// dial. Here 2-3 connections (12 and 4 of 16 runs); with a dial for each
+// rescue at once, 5 (3 runs of 3).
+func TestInOrderSlowHandshakeRescuesDialOneAtATime(t *testing.T) {
+	const service, handshake, n = 9 * time.Millisecond, 40 * time.Millisecond, 16
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		never := func(string) time.Duration { return time.Second }
+		checkOutcomes(t, offer(p, 1, 0, func(int) string { return "warm.example." }), never)
+		sm := sample(p)
+		out := offer(p, n, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		sm.end()
+		checkOutcomes(t, out, func(string) time.Duration { return n*service + handshake })
+		t.Logf("mode %v; peak %d connections, %d dials; rescues %d", p.Stats().Mode, sm.conns.Load(), s.Handshakes(),
+			rec.get(func(r *recorder) int { return r.rescues }))
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Errorf("Mode = %v, want %v", m, ModeInOrder)
+		}
+		if c := sm.conns.Load(); c > 3 {
+			t.Errorf("Up to %d connections open, want 3 at most: the warm one and the rescues' dialled one after the other", c)
+		}
+	})
+}
