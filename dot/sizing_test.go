@@ -3,6 +3,7 @@ package dot
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -155,8 +156,8 @@ func TestBurstBeforeFirstTickArrives(t *testing.T) {
 		defer p.waiters.Add(-100)
 		time.Sleep(time.Millisecond)
 		p.size(nanotime(), 0, nil, false)
-		// 100 in a millisecond, smoothed over 16 ticks.
-		if got, want := p.sizer.arrivals, 100e3/16.0; got < want*0.99 || got > want*1.01 {
+		// 100 in a millisecond, weighed as a millisecond of rateWindow.
+		if got, want := p.sizer.arrivals, 100e3*-math.Expm1(-float64(time.Millisecond)/float64(rateWindow)); got < want*0.99 || got > want*1.01 {
 			t.Errorf("Arrivals after a burst of 100 in the first millisecond: %.0f a second, want %.0f", got, want)
 		}
 	})
@@ -220,6 +221,48 @@ func TestDialWaitCountsTheDialsUnderWay(t *testing.T) {
 		time.Sleep(slow)
 		if w, d := p.dialWait(nanotime()), time.Duration(p.dialTime.Load()); w != d {
 			t.Errorf("After the dial, dialWait %v, want the smoothed dial time %v", w, d)
+		}
+	})
+}
+
+// The sizer's rates weigh each tick by the time it spans: the reader and new
+// queries wake the sweeper, so ticks come µs apart, and a tick 12 µs after
+// the one before with one arrival reads 83,000 a second (issue 21, property
+// seed 67: weighed as a sixteenth, like a 10 ms tick, it held the arrival
+// rate at 4,500-5,000 for 20 ms where 1,800 came).
+func TestRatesWeighTicksByTheirTime(t *testing.T) {
+	const us = int64(time.Microsecond)
+	t.Run("one arrival in a short tick", func(t *testing.T) {
+		// 1,000 a second, ticks 2.5 ms apart.
+		z := sizer{at: 1}
+		now, reads := int64(1), int64(0)
+		for i := range 200 {
+			now += 2500 * us
+			reads += 2 + int64(i%2) // 2.5 a tick
+			z.sample(now, reads, 0)
+		}
+		before := z.arrivals
+		z.sample(now+12*us, reads+1, 0)
+		// One arrival adds at most what it adds spread over the window.
+		if most := before + 1e9/float64(rateWindow)*1.01; z.arrivals > most || z.rate > most {
+			t.Errorf("One arrival 12 µs after a tick took the rates from %.0f to %.0f (arrivals) and %.0f (answers) a second, want %.0f at most",
+				before, z.arrivals, z.rate, most)
+		}
+	})
+	t.Run("ticks around each answer", func(t *testing.T) {
+		// 2,000 a second, with a tick 5 µs before and 5 µs after each answer.
+		z := sizer{at: 1}
+		now, reads := int64(1), int64(0)
+		for range 400 {
+			z.sample(now+495*us, reads, 0)
+			reads++
+			z.sample(now+505*us, reads, 0)
+			now += 500 * us
+		}
+		for what, got := range map[string]float64{"answer": z.rate, "arrival": z.arrivals} {
+			if got < 1800 || got > 2200 {
+				t.Errorf("The %s rate read %.0f a second, want 2,000 give or take 10%%", what, got)
+			}
 		}
 	})
 }
