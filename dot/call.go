@@ -31,8 +31,10 @@ type call struct {
 	callerDeadline bool // deadline is the caller's, not ReadTimeout
 	rescuable      bool // a plain QUERY sent for the first time: may be rescued (see rescue.go); immutable
 	// orderCheck: it went behind another query on purpose (see
-	// orderCheckConn). The caller's only: set as it registers, read when
-	// it is rescued (see acquireRescue). Here, beside the bools, it takes
+	// orderCheckConn). Set by the caller before it registers, read by the
+	// caller when it is rescued (see acquireRescue) and by the reader
+	// under conn.mu, which the register published it under (see
+	// answerLog.sideOnly). Here, beside the bools, it takes
 	// what was padding (TestQueryAndAnswerAllocateOnceEach).
 	orderCheck bool
 	avoid      *conn // a rescue's blocked connection, which pick skips; immutable

@@ -95,6 +95,18 @@ func TestAnswerLog(t *testing.T) {
 	if st := u.collect(); st.side != 0 || st.busy != 1 {
 		t.Errorf("Queued behind a slow answer: evidence %+v, want 1 busy answer, none side by side", st.evidence)
 	}
+	// An order check put behind a call while the upstream is slow and
+	// unknown (sideOnly): answered 300 ms after that one (in order) it
+	// counts for nothing; answered as far after it as it was written, side
+	// by side.
+	u.sideOnly = true
+	u.note(24, 3000*ms, 3300*ms, true)
+	u.note(25, 3004*ms, 3604*ms, true)
+	u.note(26, 4000*ms, 4300*ms, true)
+	u.note(27, 4004*ms, 4304*ms, true)
+	if st := u.collect(); st.evidence != (evidence{busy: 1, side: 1}) {
+		t.Errorf("Order checks while slow and unknown: evidence %+v, want 1 busy answer, side by side, and no slow gap", st.evidence)
+	}
 	if st.evidence != want || st.aloneN != 2 || st.aloneSum != 3*ms {
 		t.Errorf("Evidence %+v, alone %d answers taking %v in all; want %+v, 2 answers taking 3ms", st.evidence, st.aloneN, time.Duration(st.aloneSum), want)
 	}

@@ -98,6 +98,7 @@ func (c *conn) dispatch(frame []byte) {
 		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()
 		c.answers.others = len(c.calls)
+		c.answers.sideOnly = cl.orderCheck && c.pool.slowUnknown()
 		slowBefore := c.answers.busySlow
 		c.answers.note(cl.seq, cl.sentAt.Load(), now, drop < 0)
 		ordered := c.answers.busySlow > slowBefore && c.answers.orderWeight() > 0 && c.pool.learned.mode.get() == ModeUnknown &&

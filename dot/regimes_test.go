@@ -418,6 +418,47 @@ func TestRegimeSwitchingUpstream(t *testing.T) {
 	})
 }
 
+// An upstream learned in order that starts serving each connection's queries
+// side by side, each in the same 30 ms, at 1,000 QPS: the belief is wrong, and
+// only order checks show it (no answer overtakes another): one query in
+// orderCheckEvery, about four a second here, and those that must agree
+// (minSideEvidence, decayed) correct the mode within sideBySideCorrected
+// (measured 0.9-4.9 s in 18 runs; at most one check in 500 ms, 4.3-7.3 s). With no order
+// checks after the switch, the mode stayed in order for the 20 s the test
+// waits.
+func TestOrderChecksCorrectAWrongInOrder(t *testing.T) {
+	const answer, gap = 30 * time.Millisecond, time.Millisecond
+	const sideBySideCorrected = 8 * time.Second
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return answer }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(prefix string) func(int) string {
+			return func(i int) string { return fmt.Sprintf("%s%d.example.", prefix, i) }
+		}
+		// A burst (queued behind each other: in order is learned), then
+		// the steady load, one query a connection.
+		checkOutcomes(t, offer(p, 100, 0, name("burst")), func(string) time.Duration { return 2 * time.Second })
+		checkOutcomes(t, offer(p, 2000, gap, name("a")), func(string) time.Duration { return 2 * time.Second })
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Fatalf("Mode = %v, want %v before the switch; %d modes reported", m, ModeInOrder, rec.get(func(r *recorder) int { return len(r.modes) }))
+		}
+		s.SetInOrder(false)
+		const within = 20 * time.Second
+		out := offerFor(p, int(within/gap), gap, name("b"))
+		corrected := time.Duration(-1)
+		for start := time.Now(); time.Since(start) < within; time.Sleep(10 * time.Millisecond) {
+			if p.Stats().Mode != ModeInOrder {
+				corrected = time.Since(start)
+				break
+			}
+		}
+		checkOutcomes(t, out(), func(string) time.Duration { return 2 * time.Second })
+		t.Logf("In order corrected to %v after %v", p.Stats().Mode, corrected)
+		if corrected < 0 || corrected > sideBySideCorrected {
+			t.Errorf("In order corrected after %v (-1: never in %v), want within %v", corrected, within, sideBySideCorrected)
+		}
+	})
+}
+
 // offerFor runs offer in the background and returns a function that waits for
 // its outcomes.
 func offerFor(p *Pool, n int, gap time.Duration, name func(i int) string) func() []regimeOutcome {
