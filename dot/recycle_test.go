@@ -56,11 +56,40 @@ func TestRecycledQueriesAnswerTheirOwn(t *testing.T) {
 			t.Error("no query rescued")
 		}
 	})
+	t.Run("duplicates", func(t *testing.T) {
+		// An upstream that answers twice, the second copy read as its
+		// query is being recycled, and that first sends an answer of the
+		// call's ID to another question, read against the live call's.
+		st := stress(t, dottest.Options{Handler: nonceAnswer, Delay: stressDelay, Raw: duplicateAnswers}, nil, 30*time.Millisecond)
+		if st.duplicates == 0 || st.wrongQuestions == 0 {
+			t.Errorf("%d duplicate answers dropped, %d to another question", st.duplicates, st.wrongQuestions)
+		}
+	})
+}
+
+// duplicateAnswers sends an answer once, twice, or twice behind a frame of
+// its ID that answers another question.
+func duplicateAnswers(q *dns.Msg, answer []byte) [][]byte {
+	switch rand.IntN(3) {
+	case 0:
+		return [][]byte{answer}
+	case 1:
+		return [][]byte{answer, answer}
+	}
+	other := new(dns.Msg)
+	other.SetQuestion("elsewhere.example.", dns.TypeA)
+	other.Id, other.Response = q.Id, true
+	wrong, err := other.Pack()
+	if err != nil {
+		panic(err)
+	}
+	return [][]byte{wrong, answer, answer}
 }
 
 // stressStats is what a stress run counted.
 type stressStats struct {
 	late, coalesced, cuts, replays, rescues int
+	duplicates, wrongQuestions              int // answers dropped: of no call (a duplicate's), of another question
 }
 
 // stress runs the queries of the stress test against a server scripted by
@@ -107,7 +136,8 @@ func stress(t *testing.T, opts dottest.Options, dial func(context.Context, strin
 	total := int64(workers * each)
 	rec.mu.Lock()
 	st := stressStats{late: rec.drops[DropLate] + rec.drops[DropRescued], coalesced: rec.coalesced,
-		cuts: rec.closes[CloseServer] + rec.closes[CloseError], replays: rec.replays, rescues: rec.rescues}
+		cuts: rec.closes[CloseServer] + rec.closes[CloseError], replays: rec.replays, rescues: rec.rescues,
+		duplicates: rec.drops[DropUnknownID], wrongQuestions: rec.drops[DropWrongQuestion]}
 	timeouts := rec.timeouts
 	rec.mu.Unlock()
 	t.Logf("%d of %d answered, %d queries allocated; %d timed out, %+v", answered.Load(), total, made.Load(), timeouts, st)
