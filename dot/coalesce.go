@@ -188,6 +188,9 @@ func (p *Pool) joinFlight(ctx context.Context, q *query, deadline time.Time) (r 
 		r, err := w.wait(ctx, deadline)
 		switch {
 		case err == nil:
+			// Received from the flight's end, which read q (w.q) last to
+			// build this answer; q made no call: nothing else holds it.
+			q.free = true
 			if o, ok := p.obs.(CoalesceObserver); ok {
 				o.Coalesced()
 			}

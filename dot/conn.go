@@ -15,6 +15,9 @@ import (
 // Ownership rule: a call is live while it is in calls with tombUntil == 0. Whoever
 // ends that state under mu (reader on an answer, sweeper on a timeout, closeFor on
 // death, the caller on cancellation) completes the call, and only that one.
+// Completed, a call may still be held (a tombstone in calls, a writer's queue or
+// batch): its query, in whose allocation the first call is, is recycled only
+// when its exchange proves that nothing is (see query.settle).
 type conn struct {
 	pool   *Pool
 	tc     *tls.Conn

@@ -21,23 +21,63 @@ func (p *Pool) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 // ExchangeDeadline is Exchange with a deadline of the caller's besides ctx's (zero:
 // none), so that a caller does not have to allocate a context and a timer per
 // query. Reaching it fails with an error that wraps context.DeadlineExceeded.
-func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
-	q, err := prepareQuery(m, p.cfg.PadBlock, !p.cfg.NoKeepalive)
+func (p *Pool) ExchangeDeadline(ctx context.Context, m *dns.Msg, deadline time.Time) (r *dns.Msg, err error) {
+	q, err := prepareInto(&p.queries, m, p.cfg.PadBlock, !p.cfg.NoKeepalive)
 	if err != nil {
 		return nil, err
-	}
-	if p.flights == nil {
-		return p.exchange(ctx, q, deadline)
 	}
 	// coalesce.go: identical queries go upstream once. The leader's exchange runs
 	// from this frame rather than from one more below it: this goroutine's stack
 	// is the client's query's, and a deeper one costs a stack copy per query.
-	if r, done, err := p.joinFlight(ctx, q, deadline); done {
-		return r, err
+	// One way out, to recycle q: three returns, each keeping its results
+	// across recycle's call, took three times the room in this frame.
+	done := false
+	if p.flights != nil {
+		r, done, err = p.joinFlight(ctx, q, deadline)
 	}
-	r, err := p.exchange(ctx, q, deadline)
-	p.flights.fail(q, err)
+	if !done {
+		r, err = p.exchange(ctx, q, deadline)
+		p.flights.fail(q, err) // the end of q's flight, if it leads one (never without flights)
+	}
+	p.recycle(q)
 	return r, err
+}
+
+// recycle gives q back for a later query if its exchange found it free: held by
+// nothing else (see query.settle). Otherwise the garbage collector takes it
+// once its last holder lets go. A query reused while a connection, its writer
+// or a flight still held it would take an answer meant for another one, or
+// hand it one: far worse than an allocation, so every doubt leaves q alone.
+// Out of line: inlined, it would grow ExchangeDeadline's frame, which is on
+// the client's query's stack, under everything the exchange calls.
+//
+//go:noinline
+func (p *Pool) recycle(q *query) {
+	if q.free {
+		*q = query{} // drops the client's name and a long query's wire with it
+		p.queries.Put(q)
+	}
+}
+
+// settle marks q free if its answer res, through cl, leaves nothing but the
+// exchange holding it. Each condition is a holder let go:
+//   - res.err == nil: only the reader's deliver completes a call without an
+//     error, and it took cl out of its connection's calls first, under the
+//     connection's mu, as a live call: no tombstone keeps it, and no sweeper,
+//     rescue, eviction or close can reach it there any more;
+//   - cl == &q.first && !q.more: cl was q's only call, registered once, so no
+//     other call (a move's, a replay's, a rescue's) waits in a writer's queue
+//     or a connection's calls with q in it;
+//   - cl.sentAt != 0: the writer's last touch of cl, after the CAS that sent it,
+//     is that store (writeRecords); an answer that came before it (an upstream
+//     answering ahead of the flush) leaves q alone;
+//   - !cl.trial: a record trial's call goes on to the writer on trialc after
+//     its answer, and is compared there.
+//
+// A flight q led ended before its answer was delivered (flights.land), or ends
+// in flights.fail before recycle; its waiters never hold their leader.
+func (q *query) settle(cl *call, res result) {
+	q.free = res.err == nil && cl == &q.first && !q.more && !cl.trial && cl.sentAt.Load() != 0
 }
 
 // exchange runs q's attempts: moves to another connection, a rescue from a
@@ -59,6 +99,7 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 			return nil, ctx.Err()
 		}
 		if res.err == nil || errors.Is(res.err, ErrMalformed) {
+			q.settle(cl, res)
 			return res.msg, res.err
 		}
 		switch {
@@ -139,8 +180,9 @@ const maxReplays = 3
 // idle once acquire failed (nothing was registered) or await returned: by the
 // ownership rule (see conn) the one completion was received then, or will never
 // be sent, because the caller gave the call up while it was live (and a rescue
-// notice it did not read was taken out). The call itself cannot be recycled: a
-// tombstone keeps it.
+// notice it did not read was taken out). The call itself is recycled with its
+// query, and only when nothing else holds either (see recycle): a tombstone,
+// say, keeps it.
 func newRespChans() *sync.Pool {
 	return &sync.Pool{New: func() any { return make(chan result, 2) }}
 }
@@ -150,7 +192,7 @@ func newRespChans() *sync.Pool {
 func (p *Pool) newCall(ctx context.Context, q *query, deadline time.Time) *call {
 	cl := &q.first
 	if q.firstUsed {
-		cl = new(call) // a move or a replay
+		cl, q.more = new(call), true // a move, a replay or a rescue
 	}
 	q.firstUsed = true
 	cl.q, cl.resp = q, p.respChans.Get().(chan result)

@@ -50,6 +50,7 @@ type Pool struct {
 	sizer         sizer                   // the sweeper's
 	respChans     *sync.Pool              // see newRespChans
 	bufs          sync.Pool               // connections' buffers (connBufs)
+	queries       sync.Pool               // queries no longer held, for the next ones (see recycle)
 	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
 	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
@@ -98,6 +99,7 @@ func New(cfg Config) (*Pool, error) {
 	p.sizeObs = sizeObserver(cfg.Observer)
 	p.respChans = newRespChans()
 	p.bufs.New = newConnBufs
+	p.queries.New = func() any { return new(query) }
 	p.kick = make(chan struct{}, 1)
 	p.idleTicks.Store(true)
 	p.sizer.tokens = maxRescueBurst

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/miekg/dns"
 )
@@ -27,13 +28,15 @@ type query struct {
 	// 256 octets made every query's allocation 512 bytes, a quarter of it unused
 	// by most, and the garbage collector's work is in proportion to the bytes.
 	room [2 + 128]byte
-	// first is the query's first attempt, in the same allocation; firstUsed is
-	// only touched by the goroutine running the exchange.
-	first     call
-	firstUsed bool
-	resent    bool  // written a second time (rescued or replayed): never rescued
-	replays   int32 // replays after a server cut the connection (see Pool.exchange)
-	cutAfter  int32 // the fewest answers after which a server cut a connection q was on; 0: none (see call.within)
+	// first is the query's first attempt, in the same allocation. firstUsed,
+	// more and free are only touched by the goroutine running the exchange:
+	// more, a call other than first was made (a move, a replay or a rescue);
+	// free, nothing but that goroutine holds q any more (see Pool.recycle).
+	first                 call
+	firstUsed, more, free bool
+	resent                bool  // written a second time (rescued or replayed): never rescued
+	replays               int32 // replays after a server cut the connection (see Pool.exchange)
+	cutAfter              int32 // the fewest answers after which a server cut a connection q was on; 0: none (see call.within)
 
 	// fl is the flight q leads, if it leads one: identical queries wait for its
 	// answer (see coalesce.go). Its zero value is no flight.
@@ -55,7 +58,15 @@ func hopByHop(code uint16) bool {
 // A transaction signature (TSIG, SIG(0)) in m is removed: it covers the message ID,
 // which the pool rewrites, so the upstream could only reject it, and its answer
 // would be signed over an ID the client never sent. The query goes unsigned.
-func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (q *query, err error) {
+func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (*query, error) {
+	return prepareInto(nil, m, padBlock, keepalive)
+}
+
+// prepareInto is prepareQuery into a query from free, where a Pool recycles
+// them (see Pool.recycle), zeroed; a new one if free is nil. The pool is
+// asked here, not by the caller: its answer, an interface, would take room
+// in ExchangeDeadline's frame, on the client's query's stack.
+func prepareInto(free *sync.Pool, m *dns.Msg, padBlock int, keepalive bool) (q *query, err error) {
 	if err := CheckQuery(m); err != nil {
 		return nil, err
 	}
@@ -66,7 +77,12 @@ func prepareQuery(m *dns.Msg, padBlock int, keepalive bool) (q *query, err error
 			q, err = nil, panicked(r)
 		}
 	}()
-	q = &query{name: m.Question[0].Name, origID: m.Id, opcode: m.Opcode}
+	if free != nil {
+		q = free.Get().(*query)
+	} else {
+		q = new(query)
+	}
+	q.name, q.origID, q.opcode = m.Question[0].Name, m.Id, m.Opcode
 	wire, err := packQuery(m, q.room[:])
 	if err != nil {
 		return nil, err

@@ -76,9 +76,12 @@ func (p *Pool) endTrial(v verdict) {
 }
 
 // trial runs the record trial on batch, which holds at least three queued calls:
-// it writes the first two in one record and waits for the verdict. It returns how
-// many calls of batch it wrote, and the first write error.
-func (c *conn) trial(batch []*call) (int, error) {
+// it writes the first two in one record and waits for the verdict. It returns the
+// first write error. The two are done with even if one was not written
+// (abandoned, or not framed): the caller writes the rest without them. Taken
+// again with the rest, the written one had its seq rewritten after its send,
+// while the reader may read it, to the next query's.
+func (c *conn) trial(batch []*call) error {
 	for len(c.trialc) > 0 {
 		<-c.trialc // late reports of an earlier trial, which would fill the channel
 	}
@@ -87,10 +90,10 @@ func (c *conn) trial(batch []*call) (int, error) {
 	if err != nil || n < 2 {
 		// An abandoned query left nothing to try with: another batch will.
 		c.pool.endTrial(verdictNone)
-		return n, err
+		return err
 	}
 	c.pool.endTrial(c.trialVerdict(batch[0], batch[1], time.Now()))
-	return n, nil
+	return nil
 }
 
 // trialVerdict waits for the answers to the trial's queries first and second, as

@@ -189,3 +189,56 @@ func TestNoTrialForSlowUpstream(t *testing.T) {
 		t.Fatal("No trial started with a usual answer time of 1ms and no verdict")
 	}
 }
+
+// A record trial whose first query was given up while queued writes only its
+// second: the rest of the batch is written after it without that one, whose
+// write order (call.seq) is its own. (The writer took the trial's second
+// query once more with the rest and gave it the next one's seq after its
+// send, the same as the next query's, which the reader reads meanwhile.)
+func TestTrialWithAnAbandonedFirstKeepsItsSecondsOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		delay := func(q dns.Question) time.Duration {
+			if strings.HasPrefix(q.Name, "held") {
+				return time.Second // outstanding while the test reads their order
+			}
+			return 0
+		}
+		s := startPipe(t, dottest.Options{Delay: delay})
+		g := newPipeGate(s)
+		p, _ := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		g.hold()
+		var wg sync.WaitGroup
+		wg.Go(func() { exchange(p, "first.example.") })
+		<-g.entered // the first query's write is blocked: the rest queue as one batch
+		ctx, cancel := context.WithCancel(context.Background())
+		wg.Go(func() { p.Exchange(ctx, newQuery("gone.example.", dns.TypeA)) })
+		waitFor(t, "the trial's first query to be queued", func() bool { return p.Stats().Inflight == 2 })
+		for i := range 2 {
+			wg.Go(func() { exchange(p, fmt.Sprintf("held%d.example.", i)) })
+			waitFor(t, "the query to be queued", func() bool { return p.Stats().Inflight == 3+i })
+		}
+		cancel() // given up while queued: the trial writes only its second query
+		waitFor(t, "the query to be given up", func() bool { return p.Stats().Inflight == 3 })
+		c := (*p.conns.Load())[0]
+		c.mu.Lock()
+		held := make([]*call, 2)
+		for _, cl := range c.calls {
+			if n := cl.q.name; strings.HasPrefix(n, "held") {
+				held[n[4]-'0'] = cl
+			}
+		}
+		c.mu.Unlock()
+		g.release()
+		waitFor(t, "both held queries to be sent", func() bool { return held[1].sentAt.Load() != 0 })
+		if !held[0].trial {
+			t.Fatal("no record trial ran on the batch")
+		}
+		if a, b := held[0].seq, held[1].seq; a == b {
+			t.Errorf("the trial's second query and the next share write order %d", a)
+		}
+		wg.Wait()
+	})
+}

@@ -61,11 +61,10 @@ func (c *conn) gather(batch []*call) ([]*call, bool) {
 func (c *conn) writeBatch(batch []*call) error {
 	v := c.pool.verdict()
 	if v == verdictNone && len(batch) >= 3 && c.pool.startTrial() {
-		n, err := c.trial(batch)
-		if err != nil {
+		if err := c.trial(batch); err != nil {
 			return err
 		}
-		batch, v = batch[n:], c.pool.verdict()
+		batch, v = batch[2:], c.pool.verdict()
 	}
 	f := ownRecords
 	if v == verdictShared {
