@@ -540,26 +540,8 @@ func TestWarmConnectionsTakenInTurn(t *testing.T) {
 	const idle = 500 * time.Millisecond
 	opts := dottest.Options{InOrder: true, IdleCut: idle, Delay: func(dns.Question) time.Duration { return 5 * time.Millisecond }}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		n := 0
-		burst := func(k int) {
-			var wg sync.WaitGroup
-			for range k {
-				n++
-				name := fmt.Sprintf("q%d.example.", n)
-				wg.Go(func() {
-					if _, err := exchange(p, name); err != nil {
-						t.Errorf("%s: %v", name, err)
-					}
-				})
-			}
-			wg.Wait()
-		}
-		for i := 0; p.learned.mode.get() != ModeInOrder; i++ {
-			if i == 20 {
-				t.Fatalf("Mode %v after 20 bursts of 30, want in order", p.learned.mode.get())
-			}
-			burst(30)
-		}
+		burst := burster(t, p)
+		learnInOrder(t, p, 5*time.Millisecond)
 		// A steady query every 10 ms for 2 s (one outstanding at a time),
 		// then the burst the kept connections are for.
 		for range 200 {
@@ -593,26 +575,8 @@ func TestLimitedConnectionsUsedUpOneAfterAnother(t *testing.T) {
 	const limit, steady = 20, 60
 	opts := dottest.Options{InOrder: true, CloseAfter: limit, Delay: func(dns.Question) time.Duration { return 5 * time.Millisecond }}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		n := 0
-		burst := func(k int) {
-			var wg sync.WaitGroup
-			for range k {
-				n++
-				name := fmt.Sprintf("q%d.example.", n)
-				wg.Go(func() {
-					if _, err := exchange(p, name); err != nil {
-						t.Errorf("%s: %v", name, err)
-					}
-				})
-			}
-			wg.Wait()
-		}
-		for i := 0; p.learned.mode.get() != ModeInOrder; i++ {
-			if i == 20 {
-				t.Fatalf("Mode %v after 20 bursts of 30, want in order", p.learned.mode.get())
-			}
-			burst(30)
-		}
+		burst := burster(t, p)
+		learnInOrder(t, p, 5*time.Millisecond)
 		// The limit, as a busy connection's cut teaches it: in order, the
 		// server cuts connections with nothing outstanding, which teach none.
 		p.applyLimit(p.learned.limit.learn(limit))
@@ -729,4 +693,23 @@ func TestBurstSpreadsOverOpenConnectionsBeforeDepthIsProven(t *testing.T) {
 			}
 		}
 	})
+}
+
+// burster returns a function that sends k queries at once, each a name not
+// sent before, and waits for their answers.
+func burster(t *testing.T, p *Pool) func(k int) {
+	n := 0
+	return func(k int) {
+		var wg sync.WaitGroup
+		for range k {
+			n++
+			name := fmt.Sprintf("q%d.example.", n)
+			wg.Go(func() {
+				if _, err := exchange(p, name); err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
 }

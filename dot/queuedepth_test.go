@@ -26,18 +26,7 @@ func TestUnknownModeDialsRatherThanQueueDeep(t *testing.T) {
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		p.noOrderChecks.Store(true)
-		for i := range 3 { // times the answer, the dial and the spacing: pairs written together
-			var wg sync.WaitGroup
-			for j := range 2 {
-				wg.Go(func() {
-					if _, err := exchange(p, fmt.Sprintf("warm%d-%d.example.", i, j)); err != nil {
-						t.Error(err)
-					}
-				})
-			}
-			wg.Wait()
-			time.Sleep(100 * time.Millisecond) // a full sweep: the times are learned
-		}
+		warmInPairs(t, p)
 		for i := range 4 { // the upstream serving now: queues move (see servedLately)
 			if _, err := exchange(p, fmt.Sprintf("warm%d.example.", i)); err != nil {
 				t.Fatal(err)
@@ -165,18 +154,7 @@ func TestUnknownModeQueryPassesOverdueAnswer(t *testing.T) {
 	delay := slowName(slow, service)
 	bubble(t, dottest.Options{InOrder: true, Delay: delay}, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		p.noOrderChecks.Store(true)
-		for i := range 3 { // times the answer, the dial and the spacing: pairs written together
-			var wg sync.WaitGroup
-			for j := range 2 {
-				wg.Go(func() {
-					if _, err := exchange(p, fmt.Sprintf("warm%d-%d.example.", i, j)); err != nil {
-						t.Error(err)
-					}
-				})
-			}
-			wg.Wait()
-			time.Sleep(100 * time.Millisecond) // a full sweep: the times are learned
-		}
+		warmInPairs(t, p)
 		if _, err := exchange(p, "warm.example."); err != nil { // the upstream serving now
 			t.Fatal(err)
 		}
@@ -195,4 +173,22 @@ func TestUnknownModeQueryPassesOverdueAnswer(t *testing.T) {
 		}
 		checkOutcomes(t, slowOne(), func(string) time.Duration { return slow + service })
 	})
+}
+
+// warmInPairs times the answer, the dial and the spacing: three pairs of
+// queries written together, each followed by a full sweep that learns them.
+func warmInPairs(t *testing.T, p *Pool) {
+	t.Helper()
+	for i := range 3 {
+		var wg sync.WaitGroup
+		for j := range 2 {
+			wg.Go(func() {
+				if _, err := exchange(p, fmt.Sprintf("warm%d-%d.example.", i, j)); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		time.Sleep(100 * time.Millisecond)
+	}
 }
