@@ -120,22 +120,8 @@ func verdicts(r *recorder) []bool {
 func TestTrialEndsOnAnswersNobodyWaitsFor(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const slow = 60 * time.Millisecond
-		delay := func(q dns.Question) time.Duration {
-			if strings.HasPrefix(q.Name, "gone") {
-				return slow
-			}
-			return 0
-		}
-		s := startPipe(t, dottest.Options{Delay: delay})
-		g := newPipeGate(s)
-		p, rec := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
-		if _, err := exchange(p, "warm.example."); err != nil {
-			t.Fatal(err)
-		}
-		g.hold()
 		var wg sync.WaitGroup
-		wg.Go(func() { exchange(p, "first.example.") })
-		<-g.entered // the first query's write is blocked: the rest queue as one batch
+		p, rec, g := trialBatch(t, &wg, "gone", slow)
 		// The trial's two queries, whose callers give up long before the answers come.
 		for i := range 2 {
 			wg.Go(func() {
@@ -197,22 +183,8 @@ func TestNoTrialForSlowUpstream(t *testing.T) {
 // send, the same as the next query's, which the reader reads meanwhile.)
 func TestTrialWithAnAbandonedFirstKeepsItsSecondsOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		delay := func(q dns.Question) time.Duration {
-			if strings.HasPrefix(q.Name, "held") {
-				return time.Second // outstanding while the test reads their order
-			}
-			return 0
-		}
-		s := startPipe(t, dottest.Options{Delay: delay})
-		g := newPipeGate(s)
-		p, _ := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
-		if _, err := exchange(p, "warm.example."); err != nil {
-			t.Fatal(err)
-		}
-		g.hold()
 		var wg sync.WaitGroup
-		wg.Go(func() { exchange(p, "first.example.") })
-		<-g.entered // the first query's write is blocked: the rest queue as one batch
+		p, _, g := trialBatch(t, &wg, "held", time.Second) // outstanding while the test reads their order
 		ctx, cancel := context.WithCancel(context.Background())
 		wg.Go(func() { p.Exchange(ctx, newQuery("gone.example.", dns.TypeA)) })
 		waitFor(t, "the trial's first query to be queued", func() bool { return p.Stats().Inflight == 2 })
@@ -241,4 +213,29 @@ func TestTrialWithAnAbandonedFirstKeepsItsSecondsOrder(t *testing.T) {
 		}
 		wg.Wait()
 	})
+}
+
+// trialBatch starts a pool of one connection to a pipe server that holds the
+// answers to names beginning with slowPrefix for slow (and answers others at
+// once), warms it, and blocks its next write, first.example.'s, run on wg: the
+// queries queued next go out after it as one batch, on which a record trial
+// runs. g.release() lets the write go.
+func trialBatch(t *testing.T, wg *sync.WaitGroup, slowPrefix string, slow time.Duration) (*Pool, *recorder, *gate) {
+	t.Helper()
+	delay := func(q dns.Question) time.Duration {
+		if strings.HasPrefix(q.Name, slowPrefix) {
+			return slow
+		}
+		return 0
+	}
+	s := startPipe(t, dottest.Options{Delay: delay})
+	g := newPipeGate(s)
+	p, rec := newTestPool(t, s, func(c *Config) { c.Dial = g.Dial; c.MaxConns = 1 })
+	if _, err := exchange(p, "warm.example."); err != nil {
+		t.Fatal(err)
+	}
+	g.hold()
+	wg.Go(func() { exchange(p, "first.example.") })
+	<-g.entered // the first query's write is blocked: the rest queue as one batch
+	return p, rec, g
 }
