@@ -279,3 +279,53 @@ func slowName(slow, other time.Duration) func(dns.Question) time.Duration {
 		return other
 	}
 }
+
+// hiccups is a busy machine for the connections a test wraps in hiccupConn:
+// from a time on, every period, each read and write that comes in the first
+// length(k) of the k-th period waits to its end, as if the goroutine doing it
+// waited for a CPU (the pool's writer, and its reader with an answer read).
+type hiccups struct {
+	from   atomic.Int64 // unix ns of the first hiccup; 0: none
+	period time.Duration
+	length func(k int64) time.Duration
+}
+
+// wait sleeps to the end of the hiccup under way, if any.
+func (h *hiccups) wait() {
+	from, now := h.from.Load(), time.Now().UnixNano()
+	if from == 0 || now < from {
+		return
+	}
+	k, in := (now-from)/int64(h.period), time.Duration(now-from)%h.period
+	if l := h.length(k); in < l {
+		time.Sleep(l - in) // the machine's hiccup, in virtual time: not a test waiting for a condition
+	}
+}
+
+// dial wraps dial's connections in hiccupConn.
+func (h *hiccups) dial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &hiccupConn{Conn: c, h: h}, nil
+	}
+}
+
+// hiccupConn is the client's end of a connection on a machine with hiccups.
+type hiccupConn struct {
+	net.Conn
+	h *hiccups
+}
+
+func (c *hiccupConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.h.wait()
+	return n, err
+}
+
+func (c *hiccupConn) Write(b []byte) (int, error) {
+	c.h.wait()
+	return c.Conn.Write(b)
+}

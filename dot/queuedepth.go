@@ -86,7 +86,7 @@ func (p *Pool) queueDepth() int32 {
 // and a dial's came to about 1 ms, every hiccup of a busy machine made the
 // one connection overdue, and each query that came in it dialled (make
 // bench's unbound regime: 5-14 dials a run, up to 13 connections, against
-// none and 1 with the floor).
+// none and 1 with the floor; TestUnknownModeHiccupsDialNone).
 func (p *Pool) overdueAfter() (after, now int64) {
 	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
 		return 0, 0

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,6 +173,58 @@ func TestUnknownModeQueryPassesOverdueAnswer(t *testing.T) {
 			t.Errorf("A query 6 ms after a slow one took %v, want at most %v (a dial and its answer, not the slow answer's rest)", took, want)
 		}
 		checkOutcomes(t, slowOne(), func(string) time.Duration { return slow + service })
+	})
+}
+
+// While the mode is unknown, a fast upstream (unbound in make bench's
+// unbound regime: 0.1 ms answers, one query at a time in order, 0.5 ms
+// handshakes) at 1,000 QPS, on a busy machine whose hiccups hold the pool's
+// reads and writes 1, 2 or 3 ms every 20 ms. No answer overtakes another or
+// comes a slow gap after it: the mode stays unknown, and overdueAfter is in
+// force. A hiccup makes no answer overdue (overdueAfter is twice
+// minWatchInterval at least, the time after which the pool tells a pause):
+// the one connection carries the load, and no query dials. With the answer
+// time and a dial's alone (0.6 ms), the queries that came in the first
+// hiccups found the connection overdue and dialled (make bench: 5-14 dials a
+// run, up to 13 connections).
+func TestUnknownModeHiccupsDialNone(t *testing.T) {
+	const service, handshake = 100 * time.Microsecond, 500 * time.Microsecond
+	const gap, n = time.Millisecond, 2000
+	h := &hiccups{period: 20 * time.Millisecond, length: func(k int64) time.Duration { return time.Duration(k%3+1) * time.Millisecond }}
+	mod := func(c *Config) { c.Dial = h.dial(c.Dial) }
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warmInPairs(t, p) // times the spacing: overdueAfter needs it
+		h.from.Store(time.Now().Add(10 * time.Millisecond).UnixNano())
+		dials := rec.get(func(r *recorder) int { return r.dials })
+		sm := sample(p)
+		var inForce atomic.Bool // overdueAfter set a time
+		stop := make(chan struct{})
+		var watch sync.WaitGroup
+		watch.Go(func() {
+			for {
+				if after, _ := p.overdueAfter(); after != 0 {
+					inForce.Store(true)
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Microsecond):
+				}
+			}
+		})
+		out := offer(p, n, gap, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		close(stop)
+		watch.Wait()
+		sm.end()
+		if m := p.Stats().Mode; m != ModeUnknown || !inForce.Load() {
+			t.Fatalf("Mode %v, overdueAfter in force: %v; want unknown and in force (usual answer %v, spacing %v, dial %v)", m, inForce.Load(),
+				time.Duration(p.learned.mode.usual.Load()), time.Duration(p.learned.mode.spacing.Load()), time.Duration(p.dialTime.Load()))
+		}
+		if d, c := rec.get(func(r *recorder) int { return r.dials })-dials, sm.conns.Load(); d != 0 || c != 1 {
+			t.Errorf("%d dials and %d connections at most under the load, want 0 and 1", d, c)
+		}
+		checkOutcomes(t, out, func(string) time.Duration { return 4 * time.Millisecond })
 	})
 }
 
