@@ -19,6 +19,10 @@ type answerLog struct {
 	usual        int64  // the pool's usual answer time, as the reader last read it (0: none yet): what waited measures against (see waitedBehind)
 	sideOnly     bool   // the answer being noted is an order check's, the upstream slow and unknown as it came: it counts only if side by side (see noteBusy)
 	others       int    // the calls outstanding on the connection besides the one answered, as the reader last counted them (see orderWeight)
+	// overtook: the latest-written call whose answer was counted as an
+	// inversion for overtaking calls written before it (conn.overtookLocked):
+	// the answer to a call written before it is no inversion again (0: none)
+	overtook uint32
 	// newestSent is the write time (unix ns) of the latest-written call
 	// answered on the connection: written under conn.mu, read by the sweeper
 	// without it, to tell a query waiting behind another (a later one was
@@ -45,7 +49,7 @@ type answerStats struct {
 
 // evidence counts what answers showed of how the upstream serves a connection.
 type evidence struct {
-	inversions float64 // answers to a call written before one already answered: out of order
+	inversions float64 // answers to a call written before one already answered (once per overtake: see answerLog.overtook): out of order
 	rescued    float64 // rescues answered sooner than their stuck query had already waited: in order
 	busy       float64 // answers to calls that were waiting when the previous answer came
 	busySlow   float64 // of those, the ones that came serialGap or more after that answer: in order, slow
@@ -98,7 +102,9 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 	}
 	switch {
 	case seq < l.lastSeq:
-		l.inversions++
+		if seq > l.overtook {
+			l.inversions++
+		}
 		return // the in-order bookkeeping below stays with the latest answer
 	case seq == l.lastSeq+1 && sentAt != 0 && sentAt >= l.lastAt:
 		t := now - sentAt
