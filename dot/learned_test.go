@@ -469,3 +469,62 @@ func TestSilencesTeachTheLimitAmidIdleCuts(t *testing.T) {
 		}
 	})
 }
+
+// A fast upstream (2 ms answers) fed about as fast as it serves: each query
+// is written while the one before is served. In order, each answer comes a
+// service time after the previous one, having waited 1-2.5 ms for it
+// (servedAfter: in order, waited). Out of order, the same writes are each
+// answered 2 ms (give or take a tenth) after their own write: nothing waited.
+// With waitedFactor's rule alone (a wait of two usual times), neither
+// counts; the test fails so.
+func TestAnswerLogServedAfter(t *testing.T) {
+	ms := int64(time.Millisecond)
+	u := 2 * ms
+	writes := []int64{10 * ms, 11 * ms, 12*ms + ms/2, 13 * ms, 14*ms + ms/2}
+	inOrder := answerLog{usual: u}
+	var at int64
+	for i, w := range writes {
+		at = max(at, w) + u
+		inOrder.note(uint32(i+1), w, at, true)
+	}
+	if got := inOrder.collect().waited; got != 4 {
+		t.Errorf("In order: %v answers waited, want 4 (every one after the first)", got)
+	}
+	outOfOrder := answerLog{usual: u}
+	jitter := []int64{0, ms / 10, -ms / 10, ms / 10, 0}
+	for i, w := range writes {
+		outOfOrder.note(uint32(i+1), w, w+u+jitter[i], true)
+	}
+	if got := outOfOrder.collect().waited; got != 0 {
+		t.Errorf("Out of order: %v answers waited, want none", got)
+	}
+}
+
+// Waited answers bring the mode to in order at the sweeper's next tick
+// counted across connections: two connections' two each suffice, as an
+// update would learn from (see decide), not one connection's four. An
+// update starts the count anew, keeping what it kept; busy answers kept
+// from it weigh against them (waitedShare).
+func TestWaitedSufficesAcrossConnections(t *testing.T) {
+	var m serveMode
+	now := int64(time.Hour)
+	m.update(evidence{}, 0, now)
+	for i, busy := range []float64{1, 2, 1} { // connection A's first, A's second, B's first
+		if m.waitedSuffices(busy) {
+			t.Fatalf("Waited answer %d of 4 suffices", i+1)
+		}
+	}
+	if !m.waitedSuffices(2) { // B's second
+		t.Error("Four waited answers on two connections do not suffice")
+	}
+	if mode, _ := m.update(evidence{busy: 4, waited: 4}, 0, now); mode != ModeInOrder {
+		t.Errorf("The update after them learned %v, want %v", mode, ModeInOrder)
+	}
+	var busy serveMode
+	busy.update(evidence{busy: 40}, 0, now)
+	for i := range minWaitedEvidence {
+		if busy.waitedSuffices(float64(i + 1)) {
+			t.Fatalf("Waited answer %d suffices among 35 busy ones kept", i+1)
+		}
+	}
+}

@@ -99,7 +99,7 @@ func (c *conn) dispatch(frame []byte) {
 		c.answers.usual = c.pool.learned.mode.usual.Load()
 		c.answers.others = len(c.calls)
 		c.answers.sideOnly = cl.orderCheck && c.pool.slowUnknown()
-		slowBefore := c.answers.busySlow
+		slowBefore, waitedBefore := c.answers.busySlow, c.answers.waited
 		if c.overtookLocked(cl.seq) {
 			c.answers.inversions++
 			c.answers.overtook = cl.seq // its overtaken calls' answers count no more (see note)
@@ -108,7 +108,9 @@ func (c *conn) dispatch(frame []byte) {
 		ordered := c.answers.busySlow > slowBefore && c.answers.orderWeight() > 0 && c.pool.learned.mode.get() == ModeUnknown &&
 			c.pool.learned.mode.slowSuffices(c.answers.busySlow, c.answers.busy)
 		spacing := c.answers.gapN > 0 && c.pool.spacingWanted()
-		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence || ordered || spacing) && !c.pool.learnDue.Load() {
+		waited := c.answers.waited > waitedBefore && c.pool.learned.mode.get() == ModeUnknown &&
+			c.pool.learned.mode.waitedSuffices(c.answers.busy)
+		if (c.answers.busySlow >= minSlowEvidence || c.answers.waited >= minWaitedEvidence || ordered || spacing || waited) && !c.pool.learnDue.Load() {
 			// Enough to learn in order from, or the first busy answers
 			// timing the spacing (see spacingWanted): at the next tick,
 			// not the next full sweep. The sweeper is woken for the
@@ -118,7 +120,9 @@ func (c *conn) dispatch(frame []byte) {
 			// queue grows by every arrival until it is learned; not for
 			// any other evidence: learnt more often, the evidence, which
 			// decays by update, decayed sooner (property seed 168: in
-			// order learned at 1.44 s, not 0.73).
+			// order learned at 1.44 s, not 0.73). Waited answers count
+			// across connections (waitedSuffices), while the mode is
+			// unknown.
 			c.pool.learnDue.Store(true)
 			if ordered || spacing {
 				c.pool.kickLearn()
