@@ -49,7 +49,7 @@ type Pool struct {
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
 	respChans     *sync.Pool              // see newRespChans
-	bufs          sync.Pool               // connections' buffers (connBufs)
+	bufs          spareBufs               // closed connections' buffers, for the next ones
 	queries       sync.Pool               // queries no longer held, for the next ones (see recycle)
 	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
@@ -98,7 +98,6 @@ func New(cfg Config) (*Pool, error) {
 	p := &Pool{cfg: cfg, tls: clientTLS(cfg), obs: cfg.Observer, wake: make(chan struct{})}
 	p.sizeObs = sizeObserver(cfg.Observer)
 	p.respChans = newRespChans()
-	p.bufs.New = newConnBufs
 	p.queries.New = func() any { return new(query) }
 	p.kick = make(chan struct{}, 1)
 	p.idleTicks.Store(true)
