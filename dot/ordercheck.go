@@ -37,9 +37,10 @@ func (p *Pool) orderCheckConn(cl *call) *conn {
 // the p99; in one that grows, it moves the check's service, and its
 // connection's, that much later, onto a higher load, one connection more
 // than forward's at its peak. Property seeds 2, 64, 186 and 194 (in order,
-// pareto or bimodal answers of 80-150 ms) failed so by a check's luck: 329
-// connections against forward's 328, 396 against 395, 51 against 50, a p99
-// of 155 ms against 85 (83 queries, one a check). With no check while slow
+// lognormal, pareto or constant answer times of 30-180 ms) failed so by a
+// check's luck: 329 connections against forward's 328, 396 against 395, 51
+// against 50, a p99 of 155 ms against 85 (83 queries, one a check), in 2-7
+// replays of 20 each. With no check while slow
 // and unknown, none failed in 20 replays each; but an upstream that serves
 // side by side was then never learned
 // (TestUniformlySlowSteadyLoadLearnedSideBySide,
