@@ -40,10 +40,9 @@ func (p *Pool) orderCheckConn(cl *call) *conn {
 // lognormal, pareto or constant answer times of 30-180 ms) failed so by a
 // check's luck: 329 connections against forward's 328, 396 against 395, 51
 // against 50, a p99 of 155 ms against 85 (83 queries, one a check), in 2-7
-// replays of 20 each. With no check while slow
-// and unknown, none failed in 20 replays each; but an upstream that serves
-// side by side was then never learned
-// (TestUniformlySlowSteadyLoadLearnedSideBySide,
+// replays of 20 each. With no check while slow and unknown, none failed in
+// 20 replays each; but an upstream that serves side by side was then never
+// learned (TestUniformlySlowSteadyLoadLearnedSideBySide,
 // TestTurnsUpstreamEndsOnFewConnections): steady, its checks are cheap.
 func (p *Pool) orderCheckRolled() bool {
 	return rand.Uint32()%orderCheckEvery == 0 && (!p.slowUnknown() || p.slowCheckCheap())
