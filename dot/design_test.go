@@ -14,6 +14,7 @@ func TestDesignNumbers(t *testing.T) {
 		"AutoMaxConnsOutOfOrder":   AutoMaxConnsOutOfOrder,
 		"AutoMaxConnsInOrder":      AutoMaxConnsInOrder,
 		"orderCheckEvery":          orderCheckEvery,
+		"minSlowCheckReads":        minSlowCheckReads,
 		"minJudgeLate":             minJudgeLate,
 		"judgeFactor":              judgeFactor,
 		"serialGap":                serialGap,

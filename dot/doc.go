@@ -127,7 +127,8 @@
 //     hedge race.)
 //   - order check: in order, one query in orderCheckEvery is put behind a
 //     just-written one on purpose, so that an upstream that starts answering
-//     out of order shows it. (A probe is the plugin's health probe.)
+//     out of order shows it; slow and unknown, only while the load holds
+//     steady (orderCheckRolled). (A probe is the plugin's health probe.)
 //   - near its end: a connection past half the query limit or close to MaxAge;
 //     its successor is dialled then (make before break).
 //   - taking: a connection that takes new queries: its state (conn.avail) is

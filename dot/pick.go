@@ -3,7 +3,6 @@ package dot
 import (
 	"cmp"
 	"math"
-	"math/rand/v2"
 	"time"
 )
 
@@ -286,7 +285,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			return nil // an idle connection, but an older waiter's: see waitOrder
 		}
 		var check *conn // the connection an order check goes on
-		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || rand.Uint32()%orderCheckEvery == 0) {
+		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || p.orderCheckRolled()) {
 			// An order check is due until one finds a connection to go on.
 			// Rolled by a query before it waits (acquire's pick and
 			// acquireSlow's first look), not on its picks after a wake,
@@ -456,20 +455,4 @@ func (p *Pool) freeingSoon(now int64) int {
 		}
 	}
 	return n
-}
-
-// orderCheckConn returns a connection with one query outstanding, written within
-// twice the usual answer time (at least a millisecond), the latest such, or
-// nil. A query put behind it on purpose shows, if its answer overtakes the one
-// before, that the upstream no longer answers in order; if the one before is
-// slow after all, the order check is rescued like any other query.
-func (p *Pool) orderCheckConn(cl *call) *conn {
-	recent := nanotime() - max(2*p.learned.mode.usual.Load(), int64(time.Millisecond))
-	var best *conn
-	for _, c := range *p.conns.Load() {
-		if w := c.wroteAt.Load(); c.accepts(c.avail(), cl) && c.load.Load() == 1 && w > recent {
-			best, recent = c, w
-		}
-	}
-	return best
 }
