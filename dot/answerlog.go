@@ -28,6 +28,9 @@ type answerLog struct {
 	// without it, to tell a query waiting behind another (a later one was
 	// answered) from a slow one (see conn.stuckLocked).
 	newestSent atomic.Int64
+	// spell: the latest answers to calls alone on the connection, uncut by
+	// aloneCeiling: a slow spell's answers are what it shows (see spell.go)
+	spell spellSamples
 
 	answerStats // since the sweeper last collected them
 }
@@ -108,6 +111,7 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 		return // the in-order bookkeeping below stays with the latest answer
 	case seq == l.lastSeq+1 && sentAt != 0 && sentAt >= l.lastAt:
 		t := now - sentAt
+		l.spell.add(sentAt, t)
 		if l.aloneCeiling > 0 {
 			t = min(t, l.aloneCeiling)
 		}

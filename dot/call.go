@@ -37,7 +37,12 @@ type call struct {
 	// answerLog.sideOnly). Here, beside the bools, it takes
 	// what was padding (TestQueryAndAnswerAllocateOnceEach).
 	orderCheck bool
-	avoid      *conn // a rescue's blocked connection, which pick skips; immutable
+	// spell: it was rescued for a slow spell (see spell.go). Set with
+	// rescued, under conn.mu, before the notice is sent; the caller reads
+	// it after receiving that. Here, beside the bools, it takes what was
+	// padding.
+	spell bool
+	avoid *conn // a rescue's blocked connection, which pick skips; immutable
 	// within: a replay of a query whose connection the server cut after
 	// this many answers goes only to a connection that took fewer queries
 	// (conn.taken), as long as one takes it (see Pool.pick); 0: anywhere.

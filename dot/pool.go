@@ -48,6 +48,7 @@ type Pool struct {
 	servingAt     atomic.Int64            // readsGrewAt, for the hot path (see queueDepth)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
+	spellSamples  []spellSample           // sweeper only: rescueSpells' buffer, kept from sweep to sweep
 	respChans     *sync.Pool              // see newRespChans
 	bufs          spareBufs               // closed connections' buffers, for the next ones
 	queries       sync.Pool               // queries no longer held, for the next ones (see recycle)

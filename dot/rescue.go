@@ -290,6 +290,9 @@ func (c *conn) stuckLocked(w *stuckWatch) []*call {
 func (p *Pool) rescue(ctx context.Context, q *query, deadline time.Time, c *conn, cl *call) (result, bool) {
 	r := p.newCall(ctx, q, deadline)
 	r.avoid, r.rescuable = c, false
+	if cl.spell && cl.deadline < r.deadline {
+		r.deadline, r.callerDeadline = cl.deadline, cl.callerDeadline // see spell.go
+	}
 	var got result
 	rc, err := p.acquireRescue(ctx, r, cl, &got)
 	if err != nil {
@@ -311,8 +314,8 @@ type attempt struct {
 	cl *call
 }
 
-// errNoneIdle: an order check's rescue found no connection idle (see
-// acquireRescue).
+// errNoneIdle: an order check's rescue, or a slow spell's, found no
+// connection idle (see acquireRescue).
 var errNoneIdle = errors.New("dot: no connection idle for an order check's rescue")
 
 // checkRescueDelay is how long an order check waits behind the query it was
@@ -337,9 +340,11 @@ func (p *Pool) checkRescueDelay() int64 {
 // behind a slow in-order upstream's answer waited two answer times (seed
 // 47: 282 ms against forward's p99 of 184); not rescued as any query once
 // it waited checkRescueDelay, one behind a fast upstream's slow answer
-// waited 600 ms (TestRegimeSwitchingUpstream, 2 runs in 30).
+// waited 600 ms (TestRegimeSwitchingUpstream, 2 runs in 30). The rescue of
+// a query written in a slow spell takes a connection idle at once or none
+// (see spell.go).
 func (p *Pool) acquireRescue(ctx context.Context, r, cl *call, got *result) (*conn, error) {
-	if !cl.orderCheck || nanotime()-cl.sentAt.Load() >= p.checkRescueDelay() {
+	if !cl.spell && (!cl.orderCheck || nanotime()-cl.sentAt.Load() >= p.checkRescueDelay()) {
 		return p.acquireOr(ctx, r, cl.resp, got)
 	}
 	rc := p.pick(r)

@@ -363,6 +363,9 @@ func (p *Pool) sweepLoop() {
 			p.learn(now, conns)
 		}
 		p.size(now, reads, conns, sweep)
+		if sweep {
+			p.rescueSpells(now, conns) // after the sizing, whose decisions it is no part of
+		}
 		d := full
 		switch {
 		case busy:
