@@ -32,7 +32,9 @@ type Pool struct {
 	needed        atomic.Int32            // from the sweeper: connections an in-order upstream needs (sizing.go)
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	arriving      atomic.Int32            // from the sweeper: queries that come in one dial's time (sizing.go)
+	turnover      atomic.Int32            // from the sweeper: queries that come in a dial's time or a usual answer time, the longer (see dropSurplusDials)
 	oldestDial    atomic.Int64            // unix ns: the start of the oldest dial under way; 0: none (see dialWait)
+	waiterRuns    atomic.Int32            // dials under way for waiting queries, not dropped: written under mu (see dropSurplusDials)
 	warm          atomic.Int32            // from the sweeper: how many of the oldest connections an in-order pool keeps, taken in turn (see pickIdle)
 	warmTurn      atomic.Uint32           // where pickIdle's turn over the warm connections starts next
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
@@ -67,9 +69,9 @@ type Pool struct {
 	redial redial        // guarded by mu: the reconnect backoff
 	fds    fdCap         // guarded by mu: the cap after dials failed for lack of file descriptors
 	closed bool          // guarded by mu
-	// dialStarts, guarded by mu: when each dial under way started (unix
-	// ns), in start order; oldestDial is its first, 0 with none (see dialWait).
-	dialStarts []int64
+	// dialRuns, guarded by mu: the dials under way, in start order;
+	// oldestDial is the first's start, 0 with none (see dialWait).
+	dialRuns []*dialRun
 	// answeredCut, guarded by mu: when the server last closed a connection
 	// that had answered (see noteServerCutLocked, backoff.go)
 	answeredCut time.Time
@@ -120,10 +122,11 @@ func (p *Pool) Addr() string { return p.cfg.Addr }
 
 // dial opens one connection with the pool's context (so that no single caller's
 // cancellation can abort a dial others wait for) and adds it to the pool.
-func (p *Pool) dial(from int64) {
+func (p *Pool) dial(run *dialRun) {
 	defer p.wg.Done()
+	defer run.cancel()
 	start := time.Now()
-	tc, bc, err := p.handshake()
+	tc, bc, err := p.handshake(run.ctx)
 	if err == nil {
 		p.noteDialTime(time.Since(start))
 	}
@@ -131,18 +134,19 @@ func (p *Pool) dial(from int64) {
 		err = dialError(err)
 	}
 	resumed := err == nil && tc.ConnectionState().DidResume
-	if err == nil || p.ctx.Err() == nil { // a dial cut short by Close is not reported
+	if err == nil || p.ctx.Err() == nil && !run.dropped.Load() { // a dial cut short by Close or as surplus is not reported
 		p.obs.Dialed(time.Since(start), resumed, err)
 	}
 
 	p.mu.Lock()
 	p.dials--
 	p.dialing.Store(int32(p.dials))
-	p.dialDoneLocked(from)
+	p.dialDoneLocked(run)
 	p.wakeLocked()
 	switch {
-	case err != nil && p.closed:
-		// Close cancelled the dial: that says nothing about the upstream.
+	case err != nil && (p.closed || run.dropped.Load()):
+		// Close, or dropSurplusDials, cancelled the dial: that says
+		// nothing about the upstream.
 		p.mu.Unlock()
 		return
 	case errors.Is(err, ErrNoFiles):
@@ -200,8 +204,8 @@ func isAlert(err error, code uint64) bool {
 	return v.Kind() == reflect.Uint8 && v.Uint() == code
 }
 
-func (p *Pool) handshake() (*tls.Conn, *batchConn, error) {
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+func (p *Pool) handshake(parent context.Context) (*tls.Conn, *batchConn, error) {
+	ctx, cancel := context.WithTimeout(parent, p.cfg.DialTimeout)
 	defer cancel()
 	raw, err := p.cfg.Dial(ctx, "tcp", p.cfg.Addr)
 	if err != nil {

@@ -73,15 +73,19 @@ func (u *simUpstream) traceOpenLocked() {
 // before it, and one due at a stall's end was taken before the stall
 // (property seed 36: the first connection took the 30 queries written on it
 // at 31 ms one per answer time, and the rescues of those left, at 153 ms,
-// were taken 8 ms before a stall). The model's side is left out: one query
-// a connection, it waits for nobody.
+// were taken 8 ms before a stall). The model's side is printed too: its
+// query waits only for a dial, and a query the pool took later than the
+// model (or sooner) shows in the two (property seed 131: two queries the
+// pool took 12-22 ms after the model, waiting for connections the model
+// had idle, were due in a stall that the model's had ended before, and held
+// their connections through it, at the peak).
 func (sc *simConn) traceTake(name string, d time.Duration) {
-	if !*propertyTrace || sc.u.side != "pool" {
+	if !*propertyTrace {
 		return
 	}
 	now := sc.u.since()
-	fmt.Fprintf(os.Stderr, "%10.3fms upstream (pool): connection %d takes %s, answers at %.3fms\n",
-		float64(now.Microseconds())/1000, sc.n, name, float64((now+d).Microseconds())/1000)
+	fmt.Fprintf(os.Stderr, "%10.3fms upstream (%s): connection %d takes %s, answers at %.3fms\n",
+		float64(now.Microseconds())/1000, sc.u.side, sc.n, name, float64((now+d).Microseconds())/1000)
 }
 
 // traceIgnore prints, with -property.trace, each query the pool's upstream

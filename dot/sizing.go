@@ -134,11 +134,9 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	}
 	p.dials++
 	p.dialing.Store(int32(p.dials))
-	from := nanotime()
-	p.dialStarts = append(p.dialStarts, from)
-	p.oldestDial.Store(p.dialStarts[0])
+	run := p.startRunLocked(waiter)
 	p.wg.Add(1)
-	go p.dial(from)
+	go p.dial(run)
 	return true
 }
 
@@ -275,7 +273,10 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	n := countConns(conns)
 	queued := int64(n.load) + int64(p.waiters.Load()) - p.rescueCalls.Load()
 	z.sample(now, reads, queued)
-	p.arriving.Store(int32(min(z.arrivals*p.dialWait(now).Seconds(), math.MaxInt32/2)))
+	wait := p.dialWait(now)
+	p.arriving.Store(int32(min(z.arrivals*wait.Seconds(), math.MaxInt32/2)))
+	turn := max(wait, time.Duration(p.learned.mode.usual.Load()))
+	p.turnover.Store(int32(min(z.arrivals*turn.Seconds(), math.MaxInt32/2)))
 	z.noteUsed(now, n.used)
 	z.inflight += (float64(n.load) - z.inflight) / 8
 	needed := p.neededNow(max(z.inflight, float64(n.load)))
@@ -360,18 +361,6 @@ func (p *Pool) dialWait(now int64) time.Duration {
 	return time.Duration(d)
 }
 
-// dialDoneLocked takes the dial started at from out of those under way.
-func (p *Pool) dialDoneLocked(from int64) {
-	if i := slices.Index(p.dialStarts, from); i >= 0 {
-		p.dialStarts = slices.Delete(p.dialStarts, i, i+1)
-	}
-	var oldest int64
-	if len(p.dialStarts) > 0 {
-		oldest = p.dialStarts[0]
-	}
-	p.oldestDial.Store(oldest)
-}
-
 // noteDialTime folds a dial's duration into the smoothed dial time.
 func (p *Pool) noteDialTime(d time.Duration) {
 	old := p.dialTime.Load()
@@ -404,9 +393,13 @@ func (p *Pool) neededNow(outstanding float64) int { // sweeper only (p.sizer)
 // the answer time, slow answers included): one per query, with headroom for
 // the bursts of a random arrival, plus spares.
 func neededInOrder(inflight float64) int {
-	n := inOrderHeadroom*inflight + 3*math.Sqrt(inflight) + inOrderSpares
+	n := inOrderHeadroom*inflight + arrivalBurst(inflight) + inOrderSpares
 	return int(math.Ceil(min(n, AutoMaxConnsInOrder)))
 }
+
+// arrivalBurst is how far above n, their mean, random (Poisson) arrivals
+// may come: three standard deviations.
+func arrivalBurst(n float64) float64 { return 3 * math.Sqrt(n) }
 
 // wanted is how many connections taking queries the load wants now: in order,
 // the busy ones and the spares, within what Little's law allows; otherwise

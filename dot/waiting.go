@@ -47,7 +47,9 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 	// overloaded, or a black hole is eating every slot, and waiting would only pile
 	// up goroutines and memory, so the caller fails at once and can go elsewhere.
 	// A query sharing the first dial leaves p.sharers after p.waiters (deferred
-	// first, run last): see endShare.
+	// first, run last): see endShare. Then, no longer owed a dial, the query
+	// may leave one surplus: see dropSurplusDials.
+	defer p.dropSurplusDials()
 	defer p.endShare(cl)
 	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.capConns()*p.cfg.MaxInflight) {
 		p.waiters.Add(-1)
@@ -194,8 +196,11 @@ func (p *Pool) hasUsableLocked() bool {
 	return s.open() > 0
 }
 
-// slotFreed wakes callers waiting for capacity, if there are any.
+// slotFreed wakes callers waiting for capacity, if there are any, and, where
+// queries go one to a connection, drops the waiters' dials that the slot
+// leaves surplus (see dropSurplusDials).
 func (p *Pool) slotFreed() {
+	p.dropSurplusDials()
 	if p.waiters.Load() == 0 {
 		return
 	}
