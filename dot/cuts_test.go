@@ -1,8 +1,12 @@
 package dot
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -712,4 +716,65 @@ func burster(t *testing.T, p *Pool) func(k int) {
 		}
 		wg.Wait()
 	}
+}
+
+// A server that cuts every connection after 100 answers, 0.1 to 1 ms each,
+// at 20,000 QPS from the start: each connection reaches its limit within a
+// few milliseconds, so the server's cuts come closer together than
+// restartWindow for as long as no limit is learned. The first connection
+// ends early, 1 ms after its dial (whatever ended it): an odd cut, unlike
+// the ones after it. The limit is learned all the same,
+// within a restart's quiet, and the pool closes its connections itself from
+// then on. Each later cut compared with that odd first one was a restart,
+// as long as the cuts came together: no limit was learned in the whole
+// second, the server cut all 200 connections, each with the queries past its
+// 100th outstanding, and 2,700 to 3,000 queries were replayed (a replay
+// storm: 6,503 replays in 99 server cuts against a real server, 95 queries
+// failed).
+func TestOddFirstCutHidesNoLimit(t *testing.T) {
+	const limit, n, gap = 100, 20000, 50 * time.Microsecond
+	delay := func(q dns.Question) time.Duration {
+		h := fnv.New32a()
+		h.Write([]byte(q.Name))
+		return time.Duration(100+h.Sum32()%900) * time.Microsecond
+	}
+	var dials atomic.Int32
+	mod := func(c *Config) {
+		dial := c.Dial
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			nc, err := dial(ctx, network, addr)
+			if err != nil || dials.Add(1) != 1 {
+				return nc, err
+			}
+			return &endingConn{Conn: nc, at: time.Now().Add(time.Millisecond)}, nil
+		}
+	}
+	opts := dottest.Options{CloseAfter: limit, Delay: delay}
+	bubble(t, opts, 500*time.Microsecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		out := offer(p, n, gap, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		checkOutcomes(t, out, func(string) time.Duration { return 100 * time.Millisecond })
+		if l := p.learned.limit.get(); l != limit-2 {
+			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		}
+		// The odd cut, the cuts of the connections opened before the limit
+		// was learned (in the restart's quiet), none after.
+		if cuts, replays := rec.get(func(r *recorder) int { return r.closes[CloseServer] }), rec.get(func(r *recorder) int { return r.replays }); cuts > 20 || replays > 500 {
+			t.Errorf("%d server cuts and %d replays, want at most 20 and 500 (of %d queries)", cuts, replays, n)
+		}
+	})
+}
+
+// endingConn is a connection that ends (its reads see EOF, as at a server's
+// cut) at a time.
+type endingConn struct {
+	net.Conn
+	at time.Time
+}
+
+func (c *endingConn) Read(b []byte) (int, error) {
+	if time.Now().After(c.at) {
+		c.Conn.Close()
+		return 0, io.EOF
+	}
+	return c.Conn.Read(b)
 }

@@ -528,3 +528,32 @@ func TestWaitedSufficesAcrossConnections(t *testing.T) {
 		}
 	}
 }
+
+// A server that cuts every connection after 100 answers, at full load with
+// no limit learned yet: a cut every 3 ms, each busy. The first cut came after
+// 97 (an odd one: the next is unlike it, a restart by the look of it). The
+// cuts after it, all after 100 and alike each other, teach the limit once
+// the restart's quiet is over. Compared with the first cut of the chain
+// rather than the one that showed the restart, each was a restart too, for
+// as long as cuts came within restartWindow of each other: no limit in 300
+// cuts (900 ms), every one of them with its outstanding queries replayed.
+func TestQueryLimitOddFirstCutLocksNothingOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newBareConn(t, 64).pool
+		time.Sleep(2 * restartWindow)
+		p.learnLimit(CloseServer, 97, 30, false)
+		start := time.Now()
+		for range 300 {
+			time.Sleep(3 * time.Millisecond)
+			p.learnLimit(CloseServer, 100, 60, false)
+			if p.learned.limit.get() != 0 {
+				break
+			}
+		}
+		// The restart's quiet (restartWindow from the second cut), then
+		// the first cut after it.
+		if got, took := p.learned.limit.get(), time.Since(start); got != 98 || took > restartWindow+6*time.Millisecond {
+			t.Errorf("Limit %d %v after the odd first cut, want 98 within %v", got, took, restartWindow+6*time.Millisecond)
+		}
+	})
+}
