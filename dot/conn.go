@@ -47,23 +47,23 @@ type conn struct {
 	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
-	calls      map[uint16]*call // guarded by mu: live calls and tombstones by ID
-	nextID     uint16           // guarded by mu
-	tombs      int              // guarded by mu
-	answered   int              // guarded by mu: answers delivered on this connection
-	served     int              // guarded by mu: answers to its calls, late ones included (what the server served)
-	lastServed uint32           // guarded by mu: the highest write order (call.seq) the server served
-	accepted   int              // guarded by mu: calls ever registered on this connection
-	idleBefore int64            // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
-	queryLimit int              // guarded by mu: drain after this many calls (learned from the server); 0: none
-	limitProbe int              // guarded by mu: the learned limit this connection goes past, to re-test it (see queryLimit.probe); 0: none
-	silentAt   int              // guarded by mu: the answers after which it fell silent (learnSilence), which its cut may confirm (see cutConfirmsLocked); 0: none
-	state      connState        // guarded by mu; changed only by setDrainingLocked and closeFor
-	drainFor   CloseReason      // guarded by mu: why it drains, once state is stateDraining
-	werr       error            // guarded by mu: the writer's first error; no write after it
-	idle       time.Duration    // guarded by mu: IdleTimeout, lowered by the server's keepalive
-	answers    answerLog        // guarded by mu: what the answers say of the upstream (learned.go)
-	watch      blockWatch       // the sweeper's: is it blocked (rescue.go)
+	calls      callTable     // guarded by mu: live calls and tombstones by ID
+	nextID     uint16        // guarded by mu
+	tombs      int           // guarded by mu
+	answered   int           // guarded by mu: answers delivered on this connection
+	served     int           // guarded by mu: answers to its calls, late ones included (what the server served)
+	lastServed uint32        // guarded by mu: the highest write order (call.seq) the server served
+	accepted   int           // guarded by mu: calls ever registered on this connection
+	idleBefore int64         // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
+	queryLimit int           // guarded by mu: drain after this many calls (learned from the server); 0: none
+	limitProbe int           // guarded by mu: the learned limit this connection goes past, to re-test it (see queryLimit.probe); 0: none
+	silentAt   int           // guarded by mu: the answers after which it fell silent (learnSilence), which its cut may confirm (see cutConfirmsLocked); 0: none
+	state      connState     // guarded by mu; changed only by setDrainingLocked and closeFor
+	drainFor   CloseReason   // guarded by mu: why it drains, once state is stateDraining
+	werr       error         // guarded by mu: the writer's first error; no write after it
+	idle       time.Duration // guarded by mu: IdleTimeout, lowered by the server's keepalive
+	answers    answerLog     // guarded by mu: what the answers say of the upstream (learned.go)
+	watch      blockWatch    // the sweeper's: is it blocked (rescue.go)
 
 	// The sweeper's view of the read counter, guarded by mu: the reads seen at the
 	// last sweep and since when that number has not moved.
@@ -88,7 +88,6 @@ func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 		trialc:     make(chan *call, 2),
 		done:       make(chan struct{}),
 		born:       now,
-		calls:      make(map[uint16]*call, min(p.cfg.MaxInflight, 16)),
 		idle:       p.cfg.IdleTimeout,
 		queryLimit: int(p.learned.limit.get()),
 	}
@@ -204,8 +203,8 @@ func (c *conn) register(cl *call) bool { return c.registerWithin(cl, c.pool.cfg.
 // a new connection where queueDepth allowed 5.
 func (c *conn) registerWithin(cl *call, limit int) bool {
 	c.mu.Lock()
-	if c.state != stateOpen || c.werr != nil || len(c.calls) >= min(limit, c.pool.cfg.MaxInflight) ||
-		cl.avoid != nil && len(c.calls) > 0 {
+	if c.state != stateOpen || c.werr != nil || c.calls.len() >= min(limit, c.pool.cfg.MaxInflight) ||
+		cl.avoid != nil && c.calls.len() > 0 {
 		c.mu.Unlock()
 		return false
 	}
@@ -213,16 +212,16 @@ func (c *conn) registerWithin(cl *call, limit int) bool {
 	for {
 		id := c.nextID
 		c.nextID++
-		if _, busy := c.calls[id]; !busy {
+		if c.calls.get(id) == nil {
 			cl.id = id
 			break
 		}
 	}
-	c.calls[cl.id] = cl
-	if len(c.calls) == 1 {
+	c.calls.put(cl)
+	if c.calls.len() == 1 {
 		c.idleBefore = c.pool.clock.Load() - c.lastUsed.Load()
 	}
-	c.load.Store(int32(len(c.calls)))
+	c.load.Store(int32(c.calls.len()))
 	c.accepted++
 	c.taken.Store(int32(c.accepted))
 	cl.nth = c.accepted
@@ -241,7 +240,7 @@ func (c *conn) registerWithin(cl *call, limit int) bool {
 		// them; if a stuck writer let them pile up, go elsewhere rather than block.
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.calls[cl.id] != cl {
+		if c.calls.get(cl.id) != cl {
 			return true // closeFor got there first and completed it: the caller sees errUnsent
 		}
 		c.removeLocked(cl)
@@ -254,8 +253,8 @@ func (c *conn) removeLocked(cl *call) {
 	if cl.tombUntil != 0 && !cl.lost {
 		c.tombs--
 	}
-	delete(c.calls, cl.id)
-	c.load.Store(int32(len(c.calls)))
+	c.calls.remove(cl.id)
+	c.load.Store(int32(c.calls.len()))
 }
 
 // giveUpLocked ends a live call whose caller or deadline gave up: a query never
@@ -304,7 +303,7 @@ func (c *conn) await(done <-chan struct{}, cl *call) (result, bool) {
 // rescue that won at wonAt, judged (see judgeLocked).
 func (c *conn) release(cl *call, lost bool, wonAt int64) (result, bool) {
 	c.mu.Lock()
-	live := c.calls[cl.id] == cl && cl.tombUntil == 0 && c.state != stateClosed
+	live := c.calls.get(cl.id) == cl && cl.tombUntil == 0 && c.state != stateClosed
 	// given: its caller gave cl up (its deadline), and c now holds only
 	// calls given up (see rescuedOnlyLocked). It closes now, as forward
 	// closes a connection on its read timeout, not at the next full sweep:
@@ -428,7 +427,7 @@ func (c *conn) setDrainingLocked(r CloseReason) {
 // drainedLocked returns the drain reason if the connection is draining and empty,
 // or -1.
 func (c *conn) drainedLocked() CloseReason {
-	if c.state == stateDraining && len(c.calls) == 0 {
+	if c.state == stateDraining && c.calls.len() == 0 {
 		return c.drainFor
 	}
 	return -1
@@ -452,16 +451,16 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	c.pool.closing.Add(1) // before unusable: no dial may start until connClosed has judged this one
 	c.closed.Store(true)
 	c.unusable.Store(true)
-	live := make([]*call, 0, len(c.calls))
+	live := make([]*call, 0, c.calls.len())
 	ignored := 0 // evicted and still unanswered: the server held them
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if cl.tombUntil == 0 {
 			live = append(live, cl)
 		} else if cl.evicted {
 			ignored++
 		}
 	}
-	clear(c.calls)
+	c.calls.clear()
 	c.tombs = 0
 	c.load.Store(0)
 	answered, served := c.answered, c.served

@@ -83,13 +83,17 @@ func prepareInto(free *sync.Pool, m *dns.Msg, padBlock int, keepalive bool) (q *
 		q = new(query)
 	}
 	q.name, q.origID, q.opcode = m.Question[0].Name, m.Id, m.Opcode
-	wire, err := packQuery(m, q.room[:])
-	if err != nil {
-		return nil, err
-	}
-	wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
-	if errors.Is(err, errRepack) {
-		wire, q.clientOPT, err = repack(m, padBlock, keepalive)
+	wire, optAt, direct := encodeQuery(m, q.room[:])
+	if direct {
+		wire, q.clientOPT, err = addOptions(wire, optAt, padBlock, keepalive)
+	} else {
+		if wire, err = packQuery(m, q.room[:]); err != nil {
+			return nil, err
+		}
+		wire, q.clientOPT, err = rewriteOPT(wire, padBlock, keepalive)
+		if errors.Is(err, errRepack) {
+			wire, q.clientOPT, err = repack(m, padBlock, keepalive)
+		}
 	}
 	if err != nil {
 		return nil, badQuery(err)
@@ -277,6 +281,15 @@ func rewriteOPT(wire []byte, block int, keepalive bool) ([]byte, bool, error) {
 			return nil, false, err
 		}
 	}
+	return addOptions(wire, optAt, block, keepalive)
+}
+
+// addOptions appends our options to the query in wire, whose OPT, the last
+// record, has its RDLENGTH at optAt in the message (-1: no OPT, so one is added
+// if we have options to send); see rewriteOPT. It reports whether the client
+// sent an OPT.
+func addOptions(wire []byte, optAt int, block int, keepalive bool) ([]byte, bool, error) {
+	clientOPT := optAt >= 0
 	ours := 0 // the octets our options add, padding aside
 	if keepalive {
 		ours += 4

@@ -446,7 +446,7 @@ func (c *conn) setQueryLimit(limit int) {
 // the completions do not block (see call.complete).
 func (c *conn) evictBeyondLocked(limit int, now int64) {
 	lost := &connLostError{cause: errBeyondLimit, replayable: true, serverCut: true}
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		switch {
 		case cl.tombUntil != 0 || cl.nth <= limit:
 		case cl.state.CompareAndSwap(callQueued, callAbandoned):

@@ -64,10 +64,10 @@ func (c *conn) dispatch(frame []byte) {
 	}
 	id := binary.BigEndian.Uint16(frame)
 	c.mu.Lock()
-	cl, ok := c.calls[id]
+	cl := c.calls.get(id)
 	var drop DropReason = -1
 	switch {
-	case !ok || cl.state.Load() != callSent:
+	case cl == nil || cl.state.Load() != callSent:
 		drop = DropUnknownID // never asked, or not yet written: nobody can own it
 	case !answers(frame, cl.q.question):
 		drop = DropWrongQuestion // the call keeps waiting for its real answer
@@ -97,7 +97,7 @@ func (c *conn) dispatch(frame []byte) {
 			c.servedAt.Store(now)
 		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()
-		c.answers.others = len(c.calls)
+		c.answers.others = c.calls.len()
 		c.answers.sideOnly = cl.orderCheck && c.pool.slowUnknown()
 		slowBefore, waitedBefore := c.answers.busySlow, c.answers.waited
 		if c.overtookLocked(cl.seq) {
@@ -209,7 +209,7 @@ func (c *conn) overtookLocked(seq uint32) bool {
 	if seq <= last+1 || c.pool.learned.mode.get() == ModeOutOfOrder {
 		return false
 	}
-	for _, o := range c.calls {
+	for o := range c.calls.all() {
 		// seq is set before the state (records.go): read the state first.
 		if o.state.Load() == callSent && o.seq > last && o.seq < seq {
 			return true

@@ -197,7 +197,7 @@ func TestTrialWithAnAbandonedFirstKeepsItsSecondsOrder(t *testing.T) {
 		c := (*p.conns.Load())[0]
 		c.mu.Lock()
 		held := make([]*call, 2)
-		for _, cl := range c.calls {
+		for cl := range c.calls.all() {
 			if n := cl.q.name; strings.HasPrefix(n, "held") {
 				held[n[4]-'0'] = cl
 			}

@@ -237,7 +237,7 @@ func (c *conn) rescueStuck(w *stuckWatch) {
 	}
 	c.blockedAt.Store(c.reads.Load() + 1)
 	var moved []*call
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if c.pool.capConns() > 1 && cl.state.CompareAndSwap(callQueued, callAbandoned) {
 			c.removeLocked(cl)
 			moved = append(moved, cl)
@@ -267,13 +267,13 @@ func (c *conn) rescueStuck(w *stuckWatch) {
 func (c *conn) stuckLocked(w *stuckWatch) []*call {
 	now := w.now
 	var head uint32 // the oldest written call's seq
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if cl.state.Load() == callSent && (head == 0 || cl.seq < head) { // seq is set before the state
 			head = cl.seq
 		}
 	}
 	var stuck []*call
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if cl.tombUntil != 0 {
 			c.judgeLocked(cl, now)
 		} else if s := cl.sentAt.Load(); cl.state.Load() == callSent && cl.seq != head && now-s >= w.delayOf(cl) && w.waits(now-s, s) {

@@ -71,7 +71,7 @@ const nearEndLead = time.Second
 // deadline, returning those (to be completed outside the lock) and the two
 // outstanding written queries sent first. c.mu must be held.
 func (c *conn) timeoutsLocked(now int64) (expired []*call, oldest, next *call) {
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if cl.tombUntil != 0 && now > cl.tombUntil {
 			c.removeLocked(cl)
 			continue
@@ -107,7 +107,7 @@ func (c *conn) closeCauseLocked(now int64, oldest, next *call, idle time.Duratio
 		return closeCause{errDrained, c.drainFor}
 	case c.rescuedOnlyLocked():
 		return closeCause{errRescuedOnly, CloseDrain}
-	case len(c.calls) == 0 && now-c.lastUsed.Load() > int64(idle):
+	case c.calls.len() == 0 && now-c.lastUsed.Load() > int64(idle):
 		return closeCause{errIdle, CloseIdle}
 	}
 	return closeCause{reason: -1}
@@ -208,7 +208,7 @@ func (c *conn) silentBeyondLocked(now int64) int {
 // held.
 func (c *conn) beyondLocked(short, long int64) (byShort, byLong int) {
 	newest := c.pool.sizer.newestSent
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if cl.tombUntil != 0 || cl.state.Load() != callSent || cl.seq <= c.lastServed {
 			continue
 		}
@@ -293,10 +293,10 @@ func earliest(oldest, next, cl *call) (*call, *call) {
 // changed). c.mu must be held.
 func (c *conn) rescuedOnlyLocked() bool {
 	slow := c.pool.slowUnknown()
-	if len(c.calls) == 0 || !slow && c.pool.learned.mode.get() != ModeInOrder {
+	if c.calls.len() == 0 || !slow && c.pool.learned.mode.get() != ModeInOrder {
 		return false
 	}
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if cl.tombUntil == 0 || !cl.lost && !slow {
 			return false // live, or given up by its caller: its late answer is awaited and counted
 		}
