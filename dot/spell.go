@@ -170,7 +170,7 @@ func (c *conn) rescueSpell(w *stuckWatch, all []spellSample, quiet int64) {
 // headLocked is c's oldest written call still live, or nil. c.mu must be held.
 func (c *conn) headLocked() *call {
 	var head *call
-	for _, cl := range c.calls {
+	for cl := range c.calls.all() {
 		if cl.tombUntil == 0 && cl.state.Load() == callSent && (head == nil || cl.seq < head.seq) {
 			head = cl
 		}
