@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,17 +74,18 @@ func TestBackoffResetsOnAnswer(t *testing.T) {
 }
 
 // A server that completes the handshake and closes at once is not redialled in a
-// tight loop: a handshake alone does not reset the backoff.
+// tight loop: a handshake alone does not reset the backoff. The first failure's
+// one retry comes at once (see redial.strike), then the backoff paces them.
 func TestHandshakeThenCloseBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := startPipe(t, dottest.Options{CloseAfterHandshake: true})
 		b := Backoff{Base: 100 * time.Millisecond, Jitter: 0.01}
 		p, _ := newTestPool(t, s, func(c *Config) { c.Backoff = b })
 		var unavailable int
-		// Until four handshakes (three backoffs) are in, bounded in count and time;
-		// a query that fails fast in backoff is followed by a millisecond's pause, the
-		// pace at which the test probes the backoff.
-		for i, start := 0, time.Now(); i < 10000 && s.Handshakes() < 4 && time.Since(start) < 10*time.Second; i++ {
+		// Until five handshakes (the retry and three backoffs) are in, bounded in
+		// count and time; a query that fails fast in backoff is followed by a
+		// millisecond's pause, the pace at which the test probes the backoff.
+		for i, start := 0, time.Now(); i < 10000 && s.Handshakes() < 5 && time.Since(start) < 10*time.Second; i++ {
 			_, err := exchange(p, "x.example.")
 			switch {
 			case err == nil:
@@ -95,14 +97,15 @@ func TestHandshakeThenCloseBacksOff(t *testing.T) {
 				t.Fatalf("Error = %v, want ErrConnLost, ErrUnavailable or ErrTimeout", err)
 			}
 		}
-		// Each dial waits out the backoff of the failures before it: 100ms, 160ms,
-		// 256ms (±1%). A lower bound, so a slow machine cannot break it.
+		// After the retry, each dial waits out the backoff of the failures
+		// before it: 100ms, 160ms, 256ms (±1%). A lower bound, so a slow
+		// machine cannot break it.
 		times := s.HandshakeTimes()
-		if len(times) < 3 {
-			t.Fatalf("%d handshakes, want at least 3", len(times))
+		if len(times) < 4 {
+			t.Fatalf("%d handshakes, want at least 4", len(times))
 		}
-		for i := 1; i < len(times); i++ {
-			least := time.Duration(float64(b.Base) * math.Pow(DefaultBackoffMultiplier, float64(i-1)) * 0.99)
+		for i := 2; i < len(times); i++ {
+			least := time.Duration(float64(b.Base) * math.Pow(DefaultBackoffMultiplier, float64(i-2)) * 0.99)
 			if gap := times[i].Sub(times[i-1]); gap < least {
 				t.Errorf("Handshake %d came %v after the one before, want at least the backoff of %v", i+1, gap, least)
 			}
@@ -179,4 +182,51 @@ func TestConnectionsFailingTogetherAreOneStrike(t *testing.T) {
 			t.Errorf("%d queries sent %v or more after the start failed, want none: the server was back at %v", failedAfter, resumeBy, back)
 		}
 	})
+}
+
+// A server that closes the pool's first connection in its handshake (EOF),
+// then serves, under a steady 50,000 queries a second: forward fails the one
+// query whose dial that was and dials again for the next; the pool, whose
+// burst shares its first dial, fails no more than a few. Before the first
+// strike's retry (redial.strike) the one failure armed the dial backoff
+// (250 ms ±20 %) with no connection open, and every query in it failed at
+// once with ErrUnavailable.
+func TestOneFailedFirstDialFailsFewQueries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := startPipe(t, dottest.Options{Delay: func(dns.Question) time.Duration { return time.Millisecond }})
+		var dials atomic.Int32
+		p, _ := newTestPool(t, s, func(c *Config) {
+			c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				time.Sleep(time.Millisecond)
+				if dials.Add(1) == 1 {
+					return eofInHandshake(), nil
+				}
+				return s.Dial(ctx, network, addr)
+			}
+		})
+		const n, gap, forwardFails = 15000, 20 * time.Microsecond, 1
+		failed := 0
+		var first error
+		for _, o := range offer(p, n, gap, func(i int) string { return fmt.Sprintf("q%d.example.", i) }) {
+			if o.err != nil {
+				failed++
+				first = cmp.Or(first, o.err)
+			}
+		}
+		t.Logf("%d of %d queries failed (first: %v), %d dials", failed, n, first, dials.Load())
+		if failed > 3*forwardFails {
+			t.Errorf("%d of %d queries failed after one failed first dial, want at most %d (forward: %d)", failed, n, 3*forwardFails, forwardFails)
+		}
+	})
+}
+
+// eofInHandshake returns the client end of a pipe whose server end reads the
+// ClientHello and closes: the client's handshake reads EOF.
+func eofInHandshake() net.Conn {
+	client, server := dottest.Pipe()
+	go func() {
+		server.Read(make([]byte, 4096))
+		server.Close()
+	}()
+	return client
 }

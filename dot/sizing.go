@@ -81,7 +81,8 @@ func (p *Pool) dialUpTo(want int) {
 }
 
 // startDialLocked starts a dial if none may be needed less: the pool is open,
-// no closing connection's verdict is pending, the backoff allows it, fewer
+// no closing connection's verdict is pending, the backoff allows it (a
+// dial it allows while armed takes the first strike's retry), fewer
 // dials than dialLimit run, the connections that take queries (with those being
 // dialled) are under the cap (and, in order, under what the load needs), and
 // all open ones are under maxOpen. waiter: the dial is for a query that waits
@@ -90,7 +91,7 @@ func (p *Pool) dialUpTo(want int) {
 func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
-	if p.closed || p.closing.Load() > 0 || time.Now().Before(p.redial.after) {
+	if p.closed || p.closing.Load() > 0 || !p.redial.mayDial(time.Now()) {
 		return false
 	}
 	conns := *p.conns.Load()
@@ -134,6 +135,7 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	}
 	p.dials++
 	p.dialing.Store(int32(p.dials))
+	p.redial.retry = false
 	run := p.startRunLocked(waiter)
 	p.wg.Add(1)
 	go p.dial(run)

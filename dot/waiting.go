@@ -157,8 +157,8 @@ func (p *Pool) recheckAfter() time.Duration {
 // needConn is acquire's slow path: it starts a dial if allowed and dial (a
 // rescue dials as dialForRescue says) and returns the channel that is closed
 // when the pool's capacity may have changed. While the upstream is in backoff
-// and has no usable connection, it fails at once so the caller can try
-// another upstream.
+// (its first strike's retry taken) and has no usable connection, it fails at
+// once so the caller can try another upstream.
 func (p *Pool) needConn(dial bool) (<-chan struct{}, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -168,7 +168,7 @@ func (p *Pool) needConn(dial bool) (<-chan struct{}, error) {
 	if dial && !p.hasRoomLocked() {
 		p.startDialLocked(0, false)
 	}
-	if p.dials == 0 && !p.hasUsableLocked() && time.Now().Before(p.redial.after) {
+	if p.dials == 0 && !p.hasUsableLocked() && !p.redial.mayDial(time.Now()) {
 		if p.redial.cause != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, p.redial.cause)
 		}
