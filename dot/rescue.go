@@ -123,7 +123,10 @@ func (p *Pool) rescueDelay() int64 {
 // it is blocked. Sweeper only.
 type blockWatch struct {
 	reads int64 // the connection's frames read at the last tick
-	since int64 // unix ns since when reads has not moved
+	// since: unix ns since when reads has not moved with queries
+	// outstanding (see watch)
+	since int64
+	busy  bool // queries were outstanding at the last tick
 }
 
 // watch runs on every tick. It finds blocked connections and rescues the calls
@@ -138,12 +141,22 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		w, r := &c.watch, c.reads.Load()
 		total += r
 		z.newestSent = max(z.newestSent, c.answers.newestSent.Load())
-		if r != w.reads || w.since == 0 {
+		// A connection that was idle at the last tick reads nothing from
+		// its first query on, not from its last answer: counted from that
+		// answer, one idle longer than the rescue delay was quiet at the
+		// first tick after it took two queries, none of them due, and the
+		// next query dialled (TestIdleConnectionNotQuietOnItsNextBurst).
+		// The first query kicks the sweeper (kickSweeper), or the pool is
+		// busy and ticks every watch interval: it was written at most that
+		// long before now.
+		loaded := c.load.Load() > 0
+		if r != w.reads || w.since == 0 || loaded && !w.busy {
 			w.reads, w.since = r, now
 		} else {
 			w.since = min(w.since+late, now)
 		}
-		busy = busy || c.load.Load() > 0
+		w.busy = loaded
+		busy = busy || loaded
 		if c.load.Load() == 0 {
 			c.quietAt.Store(0) // waiting for nothing: a new query waits behind nobody
 			idle = idle || c.avail().takes()
