@@ -123,10 +123,17 @@ func (p *Pool) rescueDelay() int64 {
 // it is blocked. Sweeper only.
 type blockWatch struct {
 	reads int64 // the connection's frames read at the last tick
-	// since: unix ns since when reads has not moved with queries
-	// outstanding (see watch)
-	since int64
-	busy  bool // queries were outstanding at the last tick
+	since int64 // unix ns since when reads has not moved
+}
+
+// quietFor is how long c has read nothing with queries outstanding, at now:
+// since its last read or since it took its first query after an idle spell,
+// whichever is later. Counted from the last read alone, a connection idle
+// longer than the rescue delay was quiet at the first tick after it took two
+// queries, none of them due, and the next query dialled
+// (TestIdleConnectionNotQuietOnItsNextBurst). Sweeper only.
+func (c *conn) quietFor(now int64) int64 {
+	return now - max(c.watch.since, c.busyAt.Load())
 }
 
 // watch runs on every tick. It finds blocked connections and rescues the calls
@@ -141,22 +148,12 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		w, r := &c.watch, c.reads.Load()
 		total += r
 		z.newestSent = max(z.newestSent, c.answers.newestSent.Load())
-		// A connection that was idle at the last tick reads nothing from
-		// its first query on, not from its last answer: counted from that
-		// answer, one idle longer than the rescue delay was quiet at the
-		// first tick after it took two queries, none of them due, and the
-		// next query dialled (TestIdleConnectionNotQuietOnItsNextBurst).
-		// The first query kicks the sweeper (kickSweeper), or the pool is
-		// busy and ticks every watch interval: it was written at most that
-		// long before now.
-		loaded := c.load.Load() > 0
-		if r != w.reads || w.since == 0 || loaded && !w.busy {
+		if r != w.reads || w.since == 0 {
 			w.reads, w.since = r, now
 		} else {
 			w.since = min(w.since+late, now)
 		}
-		w.busy = loaded
-		busy = busy || loaded
+		busy = busy || c.load.Load() > 0
 		if c.load.Load() == 0 {
 			c.quietAt.Store(0) // waiting for nothing: a new query waits behind nobody
 			idle = idle || c.avail().takes()
@@ -176,7 +173,7 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		// briskly they are answered: a queue that formed before the mode
 		// was learned is rescued whether or not its connection reads (not
 		// an order check, two deep: it waits one answer at most).
-		quiet := now - c.watch.since
+		quiet := c.quietFor(now)
 		if !(c.load.Load() >= 2 && quiet >= w.delay || mode == ModeInOrder && c.load.Load() >= 3) {
 			continue
 		}
