@@ -44,6 +44,7 @@ type conn struct {
 	servedAt  atomic.Int64 // unix ns when lastServed last rose; written under mu, read lock-free by watchSilence
 	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
 	takenAt   atomic.Int64 // unix ns when it was given its first query; written under mu (see pickInTurn)
+	busyAt    atomic.Int64 // unix ns when it last took a query with nothing outstanding; written under mu (see quietFor)
 	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
@@ -220,6 +221,7 @@ func (c *conn) registerWithin(cl *call, limit int) bool {
 	c.calls.put(cl)
 	if c.calls.len() == 1 {
 		c.idleBefore = c.pool.clock.Load() - c.lastUsed.Load()
+		c.busyAt.Store(nanotime())
 	}
 	c.load.Store(int32(c.calls.len()))
 	c.accepted++

@@ -126,6 +126,16 @@ type blockWatch struct {
 	since int64 // unix ns since when reads has not moved
 }
 
+// quietFor is how long c has read nothing with queries outstanding, at now:
+// since its last read or since it took its first query after an idle spell,
+// whichever is later. Counted from the last read alone, a connection idle
+// longer than the rescue delay was quiet at the first tick after it took two
+// queries, none of them due, and the next query dialled
+// (TestIdleConnectionNotQuietOnItsNextBurst). Sweeper only.
+func (c *conn) quietFor(now int64) int64 {
+	return now - max(c.watch.since, c.busyAt.Load())
+}
+
 // watch runs on every tick. It finds blocked connections and rescues the calls
 // stuck on them (see rescueStuck), and reports whether any connection has
 // calls outstanding and how many frames all have read. late is how much later
@@ -163,7 +173,7 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		// briskly they are answered: a queue that formed before the mode
 		// was learned is rescued whether or not its connection reads (not
 		// an order check, two deep: it waits one answer at most).
-		quiet := now - c.watch.since
+		quiet := c.quietFor(now)
 		if !(c.load.Load() >= 2 && quiet >= w.delay || mode == ModeInOrder && c.load.Load() >= 3) {
 			continue
 		}

@@ -3,6 +3,7 @@ package dot
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -216,5 +217,52 @@ func TestWatchAsksUnreadOnlyOfStuckLookingConnections(t *testing.T) {
 		if asked != 0 {
 			t.Errorf("unread asked %d times of connections with one query out, want 0", asked)
 		}
+	})
+}
+
+// A connection that sat idle longer than the rescue delay is not quiet as
+// soon as it takes queries again: it has read nothing since its last answer,
+// long ago, but the queries it now holds were written just now and none has
+// waited the rescue delay. Taken for quiet at the sweeper's next tick, it made
+// the burst's next query dial (pickInTurn: every connection with room quiet).
+// Here a fast upstream (1 ms answers, mode unknown: queries pipelined) idles
+// 100 ms, then answers a burst in 6 ms: two queries, and a third 3 ms later,
+// after a tick (every 2.5 ms while queries are outstanding).
+func TestIdleConnectionNotQuietOnItsNextBurst(t *testing.T) {
+	const burst = 6 * time.Millisecond
+	opts := dottest.Options{Delay: func(q dns.Question) time.Duration {
+		if len(q.Name) > 5 && q.Name[:5] == "burst" {
+			return burst
+		}
+		return time.Millisecond
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warmInPairs(t, p) // times the upstream; the last pair is followed by 100 ms idle
+		if p.oneEach() || time.Duration(p.rescueDelay()) >= 100*time.Millisecond {
+			t.Fatalf("Mode %v, rescue delay %v: want queries pipelined, a delay under the idle spell",
+				p.Stats().Mode, time.Duration(p.rescueDelay()))
+		}
+		dials := rec.get(func(r *recorder) int { return r.dials })
+		rescues := rec.get(func(r *recorder) int { return r.rescues })
+		start := time.Now()
+		var wg sync.WaitGroup
+		ask := func(i int) {
+			wg.Go(func() {
+				if _, err := exchange(p, fmt.Sprintf("burst%d.example.", i)); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		ask(0)
+		ask(1)
+		time.Sleep(3 * time.Millisecond)
+		ask(2)
+		time.Sleep(burst - 3*time.Millisecond - 100*time.Microsecond) // just before the first answer
+		d := rec.get(func(r *recorder) int { return r.dials }) - dials
+		r := rec.get(func(r *recorder) int { return r.rescues }) - rescues
+		if d != 0 || r != 0 {
+			t.Errorf("%d dials and %d rescues %v into the burst, before any answer was due; want none", d, r, time.Since(start))
+		}
+		wg.Wait()
 	})
 }
