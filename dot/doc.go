@@ -116,7 +116,8 @@
 //   - quiet: a connection that has read nothing for the rescue delay while
 //     queries wait behind an older one, not (yet) shown blocked: it takes new
 //     queries only when no other connection has room. The time runs from its
-//     last read, or from its first query after an idle spell if that is later
+//     last read, or, while the rescue delay is at its floor and the mode not
+//     in order, from its first query after an idle spell if that is later
 //     (conn.quietFor).
 //   - one each: while the mode is unknown and the upstream slow or not yet
 //     timed, each query goes to a connection with nothing outstanding or
