@@ -378,6 +378,19 @@ func (srv *trickleServer) checkIgnored(t *testing.T, out []regimeOutcome, bound 
 // second.
 func warmOutOfOrder(t *testing.T, p *Pool) {
 	t.Helper()
+	if err := <-overtake(t, p); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mode out of order", func() bool { return p.Stats().Mode == ModeOutOfOrder })
+}
+
+// overtake times the upstream fast with warm.example., writes
+// order.example. and then overtakes.example. on the one connection, and
+// returns once the second is answered; order.example.'s outcome comes on the
+// channel. An upstream that answers order.example. later than the others
+// shows out of order by the overtake.
+func overtake(t *testing.T, p *Pool) <-chan error {
+	t.Helper()
 	if _, err := exchange(p, "warm.example."); err != nil {
 		t.Fatal(err)
 	}
@@ -387,10 +400,7 @@ func warmOutOfOrder(t *testing.T, p *Pool) {
 	if _, err := exchange(p, "overtakes.example."); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the mode out of order", func() bool { return p.Stats().Mode == ModeOutOfOrder })
+	return done
 }
 
 // A server whose idle timeout is shorter than the pool's closes a connection

@@ -33,18 +33,9 @@ func TestSlowUnknownOrderChecksOnlyWhenCheap(t *testing.T) {
 			busy.wroteAt.Store(now) // just written: an order check may go behind it
 			busy.takenAt.Store(now - int64(time.Hour))
 			idle.takenAt.Store(now - int64(takenAgo))
-			cl := newTestCall(mustPrepare(t, "q.example."))
-			c := p.pickIdle(cl)
-			if c == nil {
-				t.Fatal("No connection picked, with one idle")
-			}
-			if c == busy {
+			if pickedOnce(t, p, newTestCall(mustPrepare(t, "q.example."))) == busy {
 				n++
 			}
-			<-c.writeq
-			c.mu.Lock()
-			c.removeLocked(cl)
-			c.mu.Unlock()
 		}
 		return n
 	}
@@ -65,4 +56,20 @@ func TestSlowUnknownOrderChecksOnlyWhenCheap(t *testing.T) {
 	if n := checks(0, 0); n == 0 {
 		t.Errorf("In order, growing: no order check in %d queries, want about 20", picks)
 	}
+}
+
+// pickedOnce returns the connection pickIdle gives cl, with one idle, and
+// takes cl back off it, so that the next pick finds the connections as they
+// were.
+func pickedOnce(t *testing.T, p *Pool, cl *call) *conn {
+	t.Helper()
+	c := p.pickIdle(cl)
+	if c == nil {
+		t.Fatal("No connection picked, with one idle")
+	}
+	<-c.writeq
+	c.mu.Lock()
+	c.removeLocked(cl)
+	c.mu.Unlock()
+	return c
 }

@@ -3,7 +3,6 @@ package dot
 import (
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/dotforward/dotforward/dot/dottest"
@@ -22,16 +21,8 @@ func TestOvertakingAnswerShowsOutOfOrderAtOnce(t *testing.T) {
 		return time.Millisecond
 	}}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		if _, err := exchange(p, "warm.example."); err != nil {
-			t.Fatal(err)
-		}
 		start := time.Now()
-		done := make(chan error, 1)
-		go func() { _, err := exchange(p, "order.example."); done <- err }()
-		synctest.Wait() // written first
-		if _, err := exchange(p, "overtakes.example."); err != nil {
-			t.Fatal(err)
-		}
+		done := overtake(t, p)
 		if n := s.Handshakes(); n != 1 {
 			t.Fatalf("%d handshakes, want the 2 queries on the one connection", n)
 		}
@@ -65,15 +56,7 @@ func TestOvertakenAnswerCountsNoSecondInversion(t *testing.T) {
 		return time.Millisecond
 	}}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		if _, err := exchange(p, "warm.example."); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { _, err := exchange(p, "order.example."); done <- err }()
-		synctest.Wait() // written first
-		if _, err := exchange(p, "overtakes.example."); err != nil {
-			t.Fatal(err)
-		}
+		done := overtake(t, p)
 		waitFor(t, "the mode out of order", func() bool { return p.Stats().Mode == ModeOutOfOrder })
 		s.SetInOrder(true) // order.example.'s answer is on its way already
 		serial.Store(true)
