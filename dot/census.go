@@ -10,6 +10,7 @@ type census struct {
 	used     int             // open connections (see avail.open) with queries outstanding
 	busy     int             // connections taking queries, not near their end, with queries outstanding
 	busyLoad int             // the queries outstanding on those
+	idle     int             // connections taking queries (avail.takes) with none outstanding
 }
 
 // countConns takes the census of conns.
@@ -21,6 +22,9 @@ func countConns(conns []*conn) census {
 		s.load += l
 		if l > 0 && a.open() {
 			s.used++
+		}
+		if l == 0 && a.takes() {
+			s.idle++
 		}
 		if l > 0 && a <= availQuiet {
 			s.busy++

@@ -38,6 +38,9 @@ func TestCensus(t *testing.T) {
 	if n.takes() != 3 || n.steady() != 2 || n.open() != 4 || n.n[availBlocked] != 1 {
 		t.Errorf("Census: %d take queries, %d not near their end, %d open, %d blocked; want 3, 2, 4, 1", n.takes(), n.steady(), n.open(), n.n[availBlocked])
 	}
+	if n.idle != 2 {
+		t.Errorf("Census: %d idle, want 2: the taking and the near-end ones, with nothing outstanding", n.idle)
+	}
 	conns[3].reads.Add(1) // it read: no longer blocked
 	if a := conns[3].avail(); a != availTaking {
 		t.Errorf("A blocked connection that read again: state %d, want taking", a)

@@ -93,12 +93,12 @@ func (p *Pool) dropSurplusDials() {
 		return
 	}
 	keep := 1 + int(math.Ceil(arrivalBurst(float64(p.turnover.Load()))))
-	if p.idleConns() <= keep {
+	if countConns(*p.conns.Load()).idle <= keep {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	surplus := min(int(p.waiterRuns.Load())-p.owedDials(), p.idleConns()-keep)
+	surplus := min(int(p.waiterRuns.Load())-p.owedDials(), countConns(*p.conns.Load()).idle-keep)
 	for i := len(p.dialRuns) - 1; i >= 0 && surplus > 0; i-- {
 		if run := p.dialRuns[i]; run.waiter && !run.dropped.Load() {
 			run.dropped.Store(true)
@@ -107,16 +107,4 @@ func (p *Pool) dropSurplusDials() {
 			surplus--
 		}
 	}
-}
-
-// idleConns counts the connections that take a query and have none
-// outstanding.
-func (p *Pool) idleConns() int {
-	n := 0
-	for _, c := range *p.conns.Load() {
-		if c.avail().takes() && c.load.Load() == 0 {
-			n++
-		}
-	}
-	return n
 }

@@ -268,16 +268,26 @@ func (c *conn) rescueStuck(w *stuckWatch) {
 		if !cl.rescuable || cl.rescued || cl.deadline-now < delay || *w.tokens < w.cost {
 			continue
 		}
-		select {
-		case cl.resp <- result{err: errRescued}: // room for it: a live call is completed only under mu
-			cl.rescued = true
-			*w.tokens -= w.cost
-		default:
-		}
+		w.tellLocked(cl)
 	}
 	c.mu.Unlock()
 	for _, cl := range moved {
 		cl.complete(result{err: errUnsent})
+	}
+}
+
+// tellLocked tells cl's caller to rescue it, if the notice has room (the
+// caller has not been completed: a live call is completed only under its
+// connection's mu, which must be held), and pays the rescue from the budget.
+// It reports whether cl was told.
+func (w *stuckWatch) tellLocked(cl *call) bool {
+	select {
+	case cl.resp <- result{err: errRescued}:
+		cl.rescued = true
+		*w.tokens -= w.cost
+		return true
+	default:
+		return false
 	}
 }
 

@@ -117,16 +117,12 @@ func (p *Pool) rescueSpells(now int64, conns []*conn) {
 	w := &stuckWatch{now: now, cost: rescueCost[p.learned.mode.get()], tokens: &p.sizer.tokens}
 	quiet := max(int64(minJudgeLate), spellFactor*p.learned.mode.usual.Load())
 	var waiting []*conn
-	idle := 0
 	for _, c := range conns {
-		switch {
-		case c.load.Load() == 0 && c.avail().takes():
-			idle++
-		case c.load.Load() > 0 && now-c.watch.since >= quiet:
+		if c.load.Load() > 0 && now-c.watch.since >= quiet {
 			waiting = append(waiting, c)
 		}
 	}
-	if len(waiting) == 0 || idle*spellIdleShare < len(conns) || *w.tokens < w.cost {
+	if len(waiting) == 0 || countConns(conns).idle*spellIdleShare < len(conns) || *w.tokens < w.cost {
 		return
 	}
 	all := p.spellSamples[:0]
@@ -158,11 +154,7 @@ func (c *conn) rescueSpell(w *stuckWatch, all []spellSample, quiet int64) {
 		return
 	}
 	cl.spell = true // before the notice: the caller reads it once it has that
-	select {
-	case cl.resp <- result{err: errRescued}: // room for it: a live call is completed only under mu
-		cl.rescued = true
-		*w.tokens -= w.cost
-	default:
+	if !w.tellLocked(cl) {
 		cl.spell = false // no notice: the caller, completed, does not read it
 	}
 }
