@@ -1,8 +1,12 @@
 package dot
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
 )
 
 // make bench's dnsdist-slow regime, in a bubble: dnsdist's DoT frontend
@@ -30,4 +34,24 @@ func TestFastInOrderSteadyLoadNoMoreConnectionsThanForward(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The same load in front of an upstream that answers out of order, every
+// query after 5 ms: the cold start's connections carry it as forward's would
+// while the mode is unknown, and the query waiting on the oldest one,
+// answered in its own time rather than a service time after the one before,
+// shows the upstream serving side by side. Out of order learned, the pool
+// goes back to a few full connections.
+func TestFastOutOfOrderSteadyLoadLearnedSideBySide(t *testing.T) {
+	opts := dottest.Options{Delay: func(dns.Question) time.Duration { return 5 * time.Millisecond }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		checkOutcomes(t, offer(p, 4000, 500*time.Microsecond, name), func(string) time.Duration { return 10 * time.Millisecond })
+		if m := p.Stats().Mode; m != ModeOutOfOrder {
+			t.Errorf("Mode = %v, want %v", m, ModeOutOfOrder)
+		}
+		if c := p.Stats().Conns; c > AutoMaxConnsOutOfOrder {
+			t.Errorf("%d connections open after 2 s, want %d at most", c, AutoMaxConnsOutOfOrder)
+		}
+	})
 }
