@@ -4,7 +4,9 @@ package dot
 // the cold start (one whose dial started before the pool's first answer,
 // conn.cold) rather than put it behind a busy one: the mode is unknown, the
 // cap auto, a query alone takes longer than a dial (u > d: one put behind a
-// busy connection waits longer than a dial of its own would take), and more
+// busy connection waits longer than a dial of its own would take) and less
+// than unknownSlow (slower, each query has a connection of its own anyway,
+// and no query waits on the oldest, which fedOne and learn count on), and more
 // of the cold start's connections are open than an out-of-order upstream is
 // given.
 //
@@ -31,6 +33,6 @@ package dot
 func (p *Pool) coldFirst() bool {
 	m := &p.learned.mode
 	u, d := m.usual.Load(), p.dialTime.Load()
-	return p.cfg.MaxConns == 0 && m.get() == ModeUnknown && d > 0 && u > d &&
+	return p.cfg.MaxConns == 0 && m.get() == ModeUnknown && d > 0 && u > d && u < int64(unknownSlow) &&
 		p.coldConns.Load() > AutoMaxConnsOutOfOrder
 }
