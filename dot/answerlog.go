@@ -18,6 +18,7 @@ type answerLog struct {
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
 	usual        int64  // the pool's usual answer time, as the reader last read it (0: none yet): what waited measures against (see waitedBehind)
 	sideOnly     bool   // the answer being noted is an order check's, the upstream slow and unknown as it came: it counts only if side by side (see noteBusy)
+	fedOne       bool   // the pool kept one query waiting on its oldest connection as the answer came (coldFirst): see servedAfter
 	others       int    // the calls outstanding on the connection besides the one answered, as the reader last counted them (see orderWeight)
 	// overtook: the latest-written call whose answer was counted as an
 	// inversion for overtaking calls written before it (conn.overtookLocked):
@@ -235,12 +236,23 @@ func (l *answerLog) waitedBehind(gap, sendGap, wait int64) bool {
 // queries queued behind the slow names meanwhile held a connection each
 // for its own slow answer, 17-19 connections against forward's 15; with
 // this and waitedSuffices, learned at 55 ms).
+//
+// Where the pool keeps one query waiting on its oldest connection and gives
+// the rest idle connections (fedOne, see coldFirst), each waiting query is
+// written right after the answer before it, so the send gaps are the service
+// gaps, which the rule above takes for two slow answers side by side. Such
+// an answer counts if it took seven quarters of the usual time or more in
+// all, while queries alone on the other connections were answered in one:
+// out of order, that is a slow answer, and two of them side by side would
+// be a slow spell, which slows the queries alone as well (make bench's
+// dnsdist-slow shape: never learned in order otherwise, its queries spread
+// over the cold start's connections; TestLivenessDialsFailWhileWaiting).
 func (l *answerLog) servedAfter(gap, sendGap, wait int64) bool {
 	u := l.usual
 	if u == 0 || wait < u/2 || wait < int64(serialGap) || gap < int64(serialGap) || gap < 3*u/4 || gap > 3*u/2 {
 		return false
 	}
-	return l.lastSent != 0 && abs(gap-sendGap) > u/8
+	return l.lastSent != 0 && (abs(gap-sendGap) > u/8 || l.fedOne && wait+gap >= 7*u/4)
 }
 
 func abs(x int64) int64 {

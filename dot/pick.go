@@ -109,8 +109,10 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 	slots := int32(p.cfg.MaxInflight) // per connection
 	depth := p.queueDepth()           // the queries one is given: slots or fewer
 	after, now := p.overdueAfter()    // connections overdue take no more
+	coldFirst := p.coldFirst()        // an idle connection of the cold start before a queue
 	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
 		var best, quiet *conn
+		var idle *conn // the oldest idle connection of the cold start, if coldFirst
 		var load, quietLoad int32
 		within := depth            // best takes cl only while it holds fewer (see registerWithin)
 		near, more := false, false // best is near its end; every connection with room is quiet
@@ -130,6 +132,9 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 				continue
 			}
 			l := c.load.Load()
+			if coldFirst && idle == nil && c.cold && a == availTaking && l == 0 {
+				idle = c
+			}
 			switch {
 			case best != nil:
 				if a == availTaking && l == 0 {
@@ -143,6 +148,11 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
 				quiet, quietLoad = c, l
 			}
+		}
+		if best != nil && load >= minQueueDepth && idle != nil {
+			// See coldFirst: one query waits on the oldest, the
+			// rest go to the cold start's idle connections.
+			best, load, near = idle, 0, false
 		}
 		if best == nil && reach != 0 {
 			return nil

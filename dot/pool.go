@@ -33,6 +33,7 @@ type Pool struct {
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	arriving      atomic.Int32            // from the sweeper: queries that come in one dial's time (sizing.go)
 	turnover      atomic.Int32            // from the sweeper: queries that come in a dial's time or a usual answer time, the longer (see dropSurplusDials)
+	coldConns     atomic.Int32            // open connections whose dial started before the pool's first answer (conn.cold, see coldFirst); written under mu
 	oldestDial    atomic.Int64            // unix ns: the start of the oldest dial under way; 0: none (see dialWait)
 	waiterRuns    atomic.Int32            // dials under way for waiting queries, not dropped: written under mu (see dropSurplusDials)
 	warm          atomic.Int32            // from the sweeper: how many of the oldest connections an in-order pool keeps, taken in turn (see pickIdle)
@@ -126,6 +127,7 @@ func (p *Pool) dial(run *dialRun) {
 	defer p.wg.Done()
 	defer run.cancel()
 	start := time.Now()
+	cold := p.learned.mode.usual.Load() == 0
 	tc, bc, err := p.handshake(run.ctx)
 	if err == nil {
 		p.noteDialTime(time.Since(start))
@@ -168,6 +170,10 @@ func (p *Pool) dial(run *dialRun) {
 	defer p.mu.Unlock()
 	p.fds.lift()
 	c := newConn(p, tc, bc)
+	c.cold = cold
+	if cold {
+		p.coldConns.Add(1)
+	}
 	conns := *p.conns.Load()
 	next := append(conns[:len(conns):len(conns)], c)
 	p.conns.Store(&next)
@@ -275,6 +281,9 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 		}
 	}
 	p.conns.Store(&next)
+	if c.cold {
+		p.coldConns.Add(-1)
+	}
 	// After the store: the sweeper reads closedReads before the snapshot,
 	// so that a connection's reads are never counted twice, at worst a
 	// tick late.

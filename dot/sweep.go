@@ -453,7 +453,10 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
 	side := int64(0) // a fast upstream's gaps are too short to tell side by side from in turn
-	if u := m.usual.Load(); u >= int64(unknownSlow) {
+	if u := m.usual.Load(); u >= int64(unknownSlow) || u >= 4*int64(serialGap) && p.coldFirst() {
+		// Or one query waits on the oldest connection (coldFirst): in
+		// order, its answer comes a service time (u) after the one
+		// before, which a quarter of u and serialGap never reach.
 		side = u / 4
 	}
 	for _, c := range conns {

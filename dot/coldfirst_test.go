@@ -1,0 +1,57 @@
+package dot
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+	"github.com/miekg/dns"
+)
+
+// make bench's dnsdist-slow regime, in a bubble: dnsdist's DoT frontend
+// serves one query of a connection at a time, in order, in front of a backend
+// answering after about 5 ms, under a steady 2,000 QPS. forward holds about
+// ten connections (2,000 QPS × 5 ms, and a dial now and then). The pool's
+// first answer (5 ms) is under unknownSlow, so it pipelines the queries that
+// come next while it learns the mode: the answers of a queue that grows on
+// one connection show in order only one service time at a time, and the
+// rescues of that queue, once in order is learned, take connections forward
+// never opens (issue 21: 29-30 against the model's 13 before the fix).
+func TestFastInOrderSteadyLoadNoMoreConnectionsThanForward(t *testing.T) {
+	ld := offeredLoad{qps: 2000, deadline: 5 * time.Second}
+	for i := range 2000 {
+		ld.arrivals = append(ld.arrivals, time.Duration(i)*500*time.Microsecond)
+	}
+	for _, handshake := range []time.Duration{time.Millisecond, 3 * time.Millisecond} {
+		t.Run(handshake.String(), func(t *testing.T) {
+			b := behaviour{seed: 5, inOrder: true, scale: 5150 * time.Microsecond, jitter: 0.03, handshake: handshake}
+			model := runForward(t, &b, ld)
+			pool := runPool(t, &b, ld)
+			t.Logf("pool:  %v\nmodel: %v", pool, model)
+			if msg := judgeSeed(pool, model); msg != "" {
+				t.Errorf("%s\n  upstream: %v\n  pool:  %v\n  model: %v", msg, b, pool, model)
+			}
+		})
+	}
+}
+
+// The same load in front of an upstream that answers out of order, every
+// query after 5 ms: the cold start's connections carry it as forward's would
+// while the mode is unknown, and the query waiting on the oldest one,
+// answered in its own time rather than a service time after the one before,
+// shows the upstream serving side by side. Out of order learned, the pool
+// goes back to a few full connections.
+func TestFastOutOfOrderSteadyLoadLearnedSideBySide(t *testing.T) {
+	opts := dottest.Options{Delay: func(dns.Question) time.Duration { return 5 * time.Millisecond }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
+		checkOutcomes(t, offer(p, 4000, 500*time.Microsecond, name), func(string) time.Duration { return 10 * time.Millisecond })
+		if m := p.Stats().Mode; m != ModeOutOfOrder {
+			t.Errorf("Mode = %v, want %v", m, ModeOutOfOrder)
+		}
+		if c := p.Stats().Conns; c > AutoMaxConnsOutOfOrder {
+			t.Errorf("%d connections open after 2 s, want %d at most", c, AutoMaxConnsOutOfOrder)
+		}
+	})
+}
