@@ -29,6 +29,7 @@ func TestDesignNumbers(t *testing.T) {
 		"minWaitedEvidence":        minWaitedEvidence,
 		"waitedShare":              waitedShare,
 		"untimedMaxConns":          untimedMaxConns,
+		"untimedShare":             untimedShare,
 		"shareWindow":              shareWindow,
 		"firstDialShareMax":        firstDialShareMax,
 		"slowWeightUnit":           slowWeightUnit,

@@ -63,6 +63,7 @@ func (p *Pool) firstDialBurst(cl *call, since int64) bool {
 		p.firstShared.Store(0)
 		p.firstJoined.Store(0)
 		cl.startsFirst = true
+		p.untimedSince.CompareAndSwap(0, now)
 	}
 	p.firstDialAt = now
 	cl.burstStart = true

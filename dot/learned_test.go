@@ -418,6 +418,41 @@ func TestQueryLimitCutsAtAnswersTogetherTeachIt(t *testing.T) {
 	})
 }
 
+// Cuts at answers with nothing outstanding after fewer than minLearnedLimit
+// answers teach no limit, however close together: a server whose idle timer
+// runs from its last read cuts a connection soon after each answer slower
+// than that timer, after however many it served. Served a query each, the
+// connections of a slow upstream under a steady load have served about as
+// many each, and two such cuts within a dial's time look alike (steady
+// property seed 45: 275 ms answers, 144 ms idle timeout, 390 connections;
+// two cuts after 3 answers taught a limit of 2, every connection past it
+// was given up and its query replayed, 376 of them, and the pool peaked at
+// 784 connections against forward's 427). A limit as low, unlearnt, costs
+// nothing here: no query was outstanding, and the next dials as forward's
+// does.
+func TestQueryLimitSmallCutsAtAnswersTeachNone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newBareConn(t, 64).pool
+		p.dialTime.Store(int64(4 * time.Millisecond))
+		time.Sleep(2 * restartWindow)
+		for range 3 {
+			p.learnLimit(CloseServer, 3, 0, true)
+			time.Sleep(time.Millisecond)
+		}
+		if got := p.learned.limit.get(); got != 0 {
+			t.Fatalf("Connections cut at their 3rd answer a millisecond apart: limit %d, want 0", got)
+		}
+		time.Sleep(2 * restartWindow)
+		for range 2 {
+			p.learnLimit(CloseServer, minLearnedLimit, 0, true)
+			time.Sleep(time.Millisecond)
+		}
+		if got, want := p.learned.limit.get(), int32(minLearnedLimit-1); got != want {
+			t.Errorf("Connections cut at their %dth answer a millisecond apart: limit %d, want %d", minLearnedLimit, got, want)
+		}
+	})
+}
+
 // A connection that goes past a learned limit refutes it only once it served
 // more than the cut that taught it: learn keeps a margin of one answer in 50,
 // and a probe that a server with that limit cuts where it cut before shows

@@ -58,6 +58,7 @@ type Pool struct {
 	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
 	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
+	untimedSince  atomic.Int64            // unix ns: the pool's first query's dial, set once (see untimedRoom)
 	kick          chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context

@@ -280,6 +280,14 @@ func (p *Pool) limitCut(served, most int, busy, atAnswer bool, now int64) int32 
 	if !busy && !(atAnswer && quick) || now < l.quietTill || served < 2 {
 		return 0
 	}
+	if !busy && served < minLearnedLimit {
+		// Two idle cuts at answers after as few: as likely a server's idle
+		// timer run from its last read, which cuts a connection whose
+		// answers take longer soon after each answer, as a limit. Unlearnt,
+		// such a limit costs nothing: no query was outstanding, and the
+		// next one dials as forward's does.
+		return 0
+	}
 	if busy && served < minLearnedLimit {
 		last := l.small
 		l.small = served
