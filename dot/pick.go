@@ -329,6 +329,10 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		if load == 0 && best != nil && p.yieldsIdle(cl) {
 			return nil // an idle connection, but an older waiter's: see waitOrder
 		}
+		var seen *conn // best, if it was idle when looked at
+		if load == 0 {
+			seen = best
+		}
 		var check *conn // the connection an order check goes on
 		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || p.orderCheckRolled()) {
 			// An order check is due until one finds a connection to go on.
@@ -359,6 +363,16 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			return nil
 		}
 		cl.orderCheck = check != nil && best == check
+		if best == seen && within == p.cfg.MaxInflight && !cl.orderCheck {
+			// A connection seen idle is taken only while it still is.
+			// Waiters woken together (a dial's end) all saw it idle;
+			// one that yielded to none (its older waiter had taken it
+			// and left the order meanwhile: see waitOrder) went on it
+			// behind that one, and in order waited an answer time more
+			// (TestFirstDialSharedByNoneApart under -race on a loaded
+			// machine). The register fails then, and it looks again.
+			within = 1
+		}
 		if best.registerWithin(cl, within) {
 			if burstSince != math.MaxInt64 {
 				best.pickedAt.Store(nanotime())
