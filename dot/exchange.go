@@ -83,6 +83,15 @@ func (q *query) settle(cl *call, res result) {
 // exchange runs q's attempts: moves to another connection, a rescue from a
 // blocked one, and replays (see replayable).
 func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, error) {
+	came := nanotime()
+	ticket := p.shadow.begin(came, p.dialTime.Load())
+	held := int64(0) // how long the answer's attempt held its connection (result.held); 0: not answered
+	defer func() {
+		if held <= 0 {
+			held = nanotime() - came
+		}
+		p.shadow.end(ticket, held)
+	}()
 	for moves := 0; ; {
 		cl := p.newCall(ctx, q, deadline)
 		c, err := p.acquire(ctx, cl)
@@ -99,6 +108,7 @@ func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns
 			return nil, ctx.Err()
 		}
 		if res.err == nil || errors.Is(res.err, ErrMalformed) {
+			held = res.held
 			q.settle(cl, res)
 			return res.msg, res.err
 		}
