@@ -88,10 +88,15 @@ func (c *conn) dispatch(frame []byte) {
 	// served: the answer to one of our calls, whether or not its caller still
 	// waits for it: the upstream read the query and served it.
 	served := drop < 0 || drop == DropLate || drop == DropRescued || drop == DropEvicted
+	held := int64(0)
 	if served {
 		now := c.bc.arrival()
 		c.served++
 		c.pool.learned.limit.noteServed(c.served)
+		// In order, the upstream served it from its write or from the
+		// answer before it, the later (out of order that is less: no
+		// matter, the replay of forward errs on the low side).
+		held = now - max(cl.sentAt.Load(), c.servedAt.Load())
 		if cl.seq > c.lastServed {
 			c.lastServed = cl.seq
 			c.servedAt.Store(now)
@@ -149,7 +154,7 @@ func (c *conn) dispatch(frame []byte) {
 	if drop >= 0 {
 		c.pool.obs.Dropped(drop)
 	} else {
-		c.deliver(cl, frame)
+		c.deliver(cl, frame, held)
 	}
 	if trial {
 		c.trialAnswered(cl)
@@ -165,8 +170,8 @@ var errDrained = errors.New("connection drained")
 // deliver unpacks an answer for its call and completes it. The reader does this,
 // not the caller: the reader's stack has grown once and for all, whereas the caller
 // runs on CoreDNS's fresh per-query goroutine, whose stack an unpack this deep would
-// grow (copy) on every query.
-func (c *conn) deliver(cl *call, frame []byte) {
+// grow (copy) on every query. held: how long cl held the connection (dispatch).
+func (c *conn) deliver(cl *call, frame []byte, held int64) {
 	c.pool.flights.land(cl.q, frame) // coalesce.go: the waiters' answers, before finishAnswer edits frame
 	r, keepalive, err := finishAnswer(cl.q, frame)
 	if err != nil {
@@ -174,7 +179,7 @@ func (c *conn) deliver(cl *call, frame []byte) {
 	} else if keepalive >= 0 {
 		c.keepalive(keepalive)
 	}
-	cl.complete(result{msg: r, err: err})
+	cl.complete(result{msg: r, err: err, held: held})
 	c.lastUsed.Store(c.pool.clock.Load())
 }
 

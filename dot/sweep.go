@@ -426,7 +426,7 @@ func (p *Pool) sweepAll(now int64, conns []*conn) {
 	n := countConns(conns)
 	surplus := n.open()
 	if p.oneEach() {
-		keep := p.sizer.keepInOrder()
+		keep := max(p.sizer.keepInOrder(), int(p.shadow.count.Load()))
 		surplus -= keep
 		p.warm.Store(int32(keep))
 	} else {
