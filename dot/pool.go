@@ -57,6 +57,8 @@ type Pool struct {
 	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
 	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
+	checksOwed    checksOwed              // the order checks that may each spare a waiter its dial (see checkOwesWaiter)
+	sparedWaiters atomic.Int32            // queries spared a dial that wait for a connection (see checkOwesWaiter)
 	kick          chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context

@@ -49,6 +49,7 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 	// A query sharing the first dial leaves p.sharers after p.waiters (deferred
 	// first, run last): see endShare. Then, no longer owed a dial, the query
 	// may leave one surplus: see dropSurplusDials.
+	defer p.endSpared(cl)
 	defer p.dropSurplusDials()
 	defer p.endShare(cl)
 	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.capConns()*p.cfg.MaxInflight) {
