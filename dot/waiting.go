@@ -147,9 +147,11 @@ func (w *slotWait) stop() {
 // (dialForWaiter could not start one: the dials are capped) waits before it
 // looks again: a dial's time; at least minWatchInterval, so that a stall with
 // many waiting does not spin them. 0 while every waiting query has a dial
-// under way (its end wakes them).
+// under way (its end wakes them) and none waits in place of a dial for an
+// order check (checkOwesWaiter), which looks again to see whether it still
+// does.
 func (p *Pool) recheckAfter() time.Duration {
-	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || int(p.dialing.Load()) >= p.owedDials() {
+	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || int(p.dialing.Load()) >= p.owedDials() && p.sparedWaiters.Load() == 0 {
 		return 0
 	}
 	return max(time.Duration(p.dialTime.Load()), minWatchInterval)
