@@ -86,10 +86,9 @@ const minSlowCheckReads = 100
 // one: it dials no more than forward would. It waits about until the next
 // answer (the pool is that busy: answers come about an answer time over
 // the connections in use apart), where a dial it started would add a
-// connection forward never opened (steady seeds 75 and
-// 94: constant 104 and 40 ms, paced; 181 connections against forward's
-// 180, 76 against 74, each extra dial for a query that took a connection
-// freed 0.1 ms later).
+// connection forward never opened (steady seeds 75 and 94: constant 104
+// and 40 ms, paced; 181 connections against forward's 180, 76 against 74,
+// each extra dial for a query that took a connection freed 0.1 ms later).
 func (p *Pool) checkOwesWaiter(cl *call) bool {
 	now, u := nanotime(), p.learned.mode.usual.Load()
 	if !cl.spared {
@@ -136,8 +135,12 @@ func (o *checksOwed) add(now, u int64) {
 }
 
 // owing is how many checks owe a connection at now: each from half a usual
-// answer time u after it went behind another (the query it went behind may
-// have been written up to then; its answer time varies) to two after.
+// answer time u after it went behind another to two after. It costs from
+// when forward would have answered it (about u after, as its answer time
+// varies) to when the pool does (at most 2u after: it went behind a query
+// written within 2u, see orderCheckConn). A waiter spared before that cost
+// begins waits no longer than a dial would take (answerDueBy), and leaves
+// the pool no more connections than forward's.
 func (o *checksOwed) owing(now, u int64) int {
 	n := 0
 	for i := range o {
