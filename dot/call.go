@@ -42,7 +42,11 @@ type call struct {
 	// it after receiving that. Here, beside the bools, it takes what was
 	// padding.
 	spell bool
-	avoid *conn // a rescue's blocked connection, which pick skips; immutable
+	// spared: it found no connection idle and took an order check's due
+	// in place of a dial (checkOwesWaiter), and waits, for one wake or
+	// recheck, for a connection to free. The caller's only.
+	spared bool
+	avoid  *conn // a rescue's blocked connection, which pick skips; immutable
 	// within: a replay of a query whose connection the server cut after
 	// this many answers goes only to a connection that took fewer queries
 	// (conn.taken), as long as one takes it (see Pool.pick); 0: anywhere.

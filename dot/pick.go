@@ -374,6 +374,9 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			within = 1
 		}
 		if best.registerWithin(cl, within) {
+			if cl.orderCheck {
+				p.checksOwed.add(nanotime(), p.learned.mode.usual.Load()) // see checkOwesWaiter
+			}
 			if burstSince != math.MaxInt64 {
 				best.pickedAt.Store(nanotime())
 			}
@@ -456,7 +459,7 @@ func (p *Pool) burstSince(cl *call) int64 {
 func (p *Pool) dialForWaiter(cl *call) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dials > 0 && p.owedDials() <= p.dials {
+	if p.dials > 0 && p.owedDials() <= p.dials || p.checkOwesWaiter(cl) {
 		return true
 	}
 	return p.startDialLocked(0, true)

@@ -61,6 +61,8 @@ type Pool struct {
 	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
 	untimedSince  atomic.Int64            // unix ns: the pool's first query's dial, set once (see untimedRoom)
 	noSpares      atomic.Bool             // set by tests that count the dials of one mechanism: no idle ones dialled for forward's count (keepForwards)
+	checksOwed    checksOwed              // the order checks that may each spare a waiter its dial (see checkOwesWaiter)
+	sparedWaiters atomic.Int32            // queries spared a dial that wait for a connection (see checkOwesWaiter)
 	kick          chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context

@@ -49,6 +49,7 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 	// A query sharing the first dial leaves p.sharers after p.waiters (deferred
 	// first, run last): see endShare. Then, no longer owed a dial, the query
 	// may leave one surplus: see dropSurplusDials.
+	defer p.endSpared(cl)
 	defer p.dropSurplusDials()
 	defer p.endShare(cl)
 	if p.waiters.Add(1) > int32(maxWaitersPerSlot*p.capConns()*p.cfg.MaxInflight) {
@@ -146,9 +147,11 @@ func (w *slotWait) stop() {
 // (dialForWaiter could not start one: the dials are capped) waits before it
 // looks again: a dial's time; at least minWatchInterval, so that a stall with
 // many waiting does not spin them. 0 while every waiting query has a dial
-// under way (its end wakes them).
+// under way (its end wakes them) and none waits in place of a dial for an
+// order check (checkOwesWaiter), which looks again to see whether it still
+// does.
 func (p *Pool) recheckAfter() time.Duration {
-	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || int(p.dialing.Load()) >= p.owedDials() {
+	if !p.oneEach() || p.learned.mode.usual.Load() == 0 || int(p.dialing.Load()) >= p.owedDials() && p.sparedWaiters.Load() == 0 {
 		return 0
 	}
 	return max(time.Duration(p.dialTime.Load()), minWatchInterval)
