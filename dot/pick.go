@@ -39,6 +39,18 @@ func (p *Pool) pick(cl *call) *conn {
 	if p.oneEach() || p.awaitsItsDial(cl) {
 		return p.pickIdle(cl)
 	}
+	if r := p.probedReach(); r != 0 {
+		// Slow, out of order, no limit known: within the depth served,
+		// then the probe past it, then a connection of its own, for which
+		// one that reached the depth is retired once open (probe.go).
+		if c := p.pickInTurn(cl, r); c != nil {
+			return c
+		}
+		if c := p.pickProbe(cl); c != nil {
+			return c
+		}
+		return p.pickIdle(cl)
+	}
 	// A connection that took more than the limit's reach takes no more
 	// while another open one has room: it may be past a limit not shown yet.
 	c := p.pickInTurn(cl, p.learned.limit.reach())
@@ -255,6 +267,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	if burstSince != math.MaxInt64 && !cl.burstStart && p.firstDialBurst(cl, burstSince) {
 		return nil // it waits for the pool's first connection
 	}
+	reach := p.probedReach() // a connection that took as many takes none (probe.go)
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
@@ -263,7 +276,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		warm, turn := p.warmOrder(len(conns))
 		for i := range conns {
 			c := conns[inTurn(i, warm, turn)]
-			if !c.accepts(c.avail(), cl) {
+			if !c.accepts(c.avail(), cl) || reach != 0 && c.taken.Load() >= reach {
 				continue
 			}
 			l := c.load.Load()

@@ -41,6 +41,9 @@ type queryLimit struct {
 	// limit, if it has one, is no lower. Written by the readers, read
 	// lock-free (see reach).
 	proven atomic.Int32
+	// deepest: the highest write order (call.seq) one connection's server
+	// served, ever; likewise (see probedReach).
+	deepest atomic.Int32
 }
 
 // noteServed is told that a connection has served served answers.
@@ -350,7 +353,7 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 // ms, where 1.2 times the model's and 5 ms is 533 ms).
 func (p *Pool) learnSilence(c *conn, served int) {
 	c.markSilent(served)
-	if !p.silenceAlike(c, served) {
+	if p.probing(c) || !p.silenceAlike(c, served) {
 		c.setQueryLimit(served)
 		return
 	}

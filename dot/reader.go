@@ -94,6 +94,7 @@ func (c *conn) dispatch(frame []byte) {
 		c.pool.learned.limit.noteServed(c.served)
 		if cl.seq > c.lastServed {
 			c.lastServed = cl.seq
+			c.pool.learned.limit.noteDepth(cl.seq)
 			c.servedAt.Store(now)
 		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()

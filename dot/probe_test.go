@@ -1,0 +1,92 @@
+package dot
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/dotforward/dotforward/dot/dottest"
+)
+
+// A slow out-of-order upstream (80 ms answers) that serves 22 queries a
+// connection and ignores the rest, whose limit the pool has not learned: one
+// connection served 19 deep (a burst at its start), and a load of 1,000 QPS
+// follows. Filled in turn to the reach (twice the 19 served and 16 more), the
+// connections each took 32 queries past the limit, ignored until a silence
+// showed them, two answer times and more late (property seed 19). With the
+// depth probe, a connection takes no more than the deepest write order served,
+// and one at a time goes a few past it: none went past the limit in 10 runs
+// of 10 (97 and 122 late, the limit learned, with the probe off).
+func TestSlowUpstreamGoesPastTheDepthServedOneConnectionAtATime(t *testing.T) {
+	const limit, answer, slow = 22, 80 * time.Millisecond, 1500 * time.Millisecond
+	opts := dottest.Options{CloseAfter: limit, SlowNth: limit, Slow: slow, Delay: func(q dns.Question) time.Duration {
+		switch {
+		case q.Name == "order.example.":
+			return 20 * time.Millisecond
+		case strings.HasPrefix(q.Name, "q"), strings.HasPrefix(q.Name, "b"):
+			return answer
+		}
+		return time.Millisecond
+	}}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		warmOutOfOrder(t, p) // 3 queries on the first connection
+		var wg sync.WaitGroup
+		for i := range 16 { // a burst: 19 deep on the first connection
+			wg.Go(func() { _, _ = exchange(p, fmt.Sprintf("b%d.example.", i)) })
+		}
+		wg.Wait()
+		if d := p.learned.limit.deepest.Load(); d < probeStep || d+probeStep > limit {
+			t.Fatalf("Deepest write order served %d, want %d to %d", d, probeStep, limit-probeStep)
+		}
+		p.learned.mode.usual.Store(int64(answer)) // a slow upstream
+		out := offer(p, 240, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
+		late := 0
+		for _, o := range out {
+			switch {
+			case o.err != nil:
+				t.Errorf("Query %s: %v", o.name, o.err)
+			case o.took > 2*answer && o.took < slow/2: // past the limit, not a slow 22nd
+				late++
+			}
+		}
+		if late > probeStep {
+			t.Errorf("%d queries answered two answer times late or more (past the server's limit), want at most %d (one probe's step)", late, probeStep)
+		}
+		// forward: a connection per query outstanding, 80 at this rate
+		if h, most := s.Handshakes(), int64(answer/time.Millisecond); h > most {
+			t.Errorf("%d handshakes, want at most %d (forward's)", h, most)
+		}
+	})
+}
+
+// A query that finds no connection with room within the deepest write order
+// served, and the probe as far past it as it may go, dials one of its own; a
+// connection that reached the deepest, with nothing outstanding, is retired
+// for it (drains, and closes empty), the oldest first, the probe never. Kept,
+// such connections counted beside the new ones (see retireOne).
+func TestRetireOneDrainsAnIdleConnectionAtTheDepthServed(t *testing.T) {
+	probe := newBareConn(t, 8)
+	p := probe.pool
+	busy, idle, fresh := newConn(p, probe.tc, probe.bc), newConn(p, probe.tc, probe.bc), newConn(p, probe.tc, probe.bc)
+	p.conns.Store(&[]*conn{probe, busy, idle, fresh})
+	for _, c := range []*conn{probe, busy, idle} {
+		c.taken.Store(5)
+	}
+	fresh.taken.Store(2)
+	busy.load.Store(1)
+	p.probe.c = probe
+	p.retireOne(5)
+	for _, c := range []struct {
+		name string
+		c    *conn
+		want avail
+	}{{"the probe", probe, availTaking}, {"a busy one", busy, availTaking}, {"one within the depth", fresh, availTaking}, {"the idle one at the depth", idle, availDraining}} {
+		if a := c.c.avail(); a != c.want {
+			t.Errorf("%s: %v, want %v", c.name, a, c.want)
+		}
+	}
+}
