@@ -57,9 +57,7 @@ type call struct {
 	// (see firstDialBurst, joinFirst); startsFirst: that dial was the
 	// pool's first, which its burst shares (joinsFirst); sharesNext: it
 	// waited while every connection was lost, after an answer, and shares
-	// the next one. The caller's only; waited is read by the writer too
-	// (see withWaiters), after the call was registered, which the caller
-	// sets it before.
+	// the next one. The caller's only.
 	waited, firstDial, burstStart, sharesNext, startsFirst bool
 
 	// Guarded by conn.mu: rescued is set when the caller is told (on resp) to send

@@ -267,7 +267,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	if burstSince != math.MaxInt64 && !cl.burstStart && p.firstDialBurst(cl, burstSince) {
 		return nil // it waits for the pool's first connection
 	}
-	reach := p.probedReach() // a connection that took as many takes none (probe.go)
+	reach := p.probedReach() // a connection that took as many takes one query, idle (probe.go)
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
@@ -276,7 +276,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		warm, turn := p.warmOrder(len(conns))
 		for i := range conns {
 			c := conns[inTurn(i, warm, turn)]
-			if !c.accepts(c.avail(), cl) || reach != 0 && c.taken.Load() >= reach {
+			if !c.accepts(c.avail(), cl) || reach != 0 && c.taken.Load() >= reach && c.load.Load() != 0 {
 				continue
 			}
 			l := c.load.Load()
@@ -327,6 +327,11 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			return nil
 		}
 		cl.orderCheck = check != nil && best == check
+		if reach != 0 && best.taken.Load() >= reach {
+			// At the depth served (only idle ones are picked there): one
+			// query at a time, as forward's (probe.go).
+			within = 1
+		}
 		if best.registerWithin(cl, within) {
 			if burstSince != math.MaxInt64 {
 				best.pickedAt.Store(nanotime())

@@ -90,3 +90,57 @@ func TestRetireOneDrainsAnIdleConnectionAtTheDepthServed(t *testing.T) {
 		}
 	}
 }
+
+// Past the deepest write order served, with the probe as far past it as it may
+// go, a query goes on a connection that reached the depth only while that one
+// has nothing outstanding, one query at a time, as forward sends them: a
+// server with a limit closes the connection after answering its last query,
+// so none goes past it unseen, and the server's depth grows with each such
+// answer. It dialled instead, and a limitless upstream's connections, all at
+// the depth and idle, were replaced one dial per query:
+// TestTurnsUpstreamEndsOnFewConnections made 74 to 126 dials under the race
+// detector, 50 (its clients') with this.
+func TestIdleConnectionAtTheDepthTakesOneQuery(t *testing.T) {
+	probe := newBareConn(t, 8)
+	p := probe.pool
+	p.noOrderChecks.Store(true)
+	p.learned.mode.mode.Store(int32(ModeOutOfOrder))
+	p.learned.mode.usual.Store(int64(100 * time.Millisecond))
+	p.learned.limit.deepest.Store(5)
+	busy, idle := newConn(p, probe.tc, probe.bc), newConn(p, probe.tc, probe.bc)
+	p.conns.Store(&[]*conn{probe, busy, idle})
+	for _, c := range []*conn{busy, idle} {
+		c.taken.Store(5)
+	}
+	probe.taken.Store(5 + probeStep)
+	probe.load.Store(probeStep)
+	busy.load.Store(1)
+	p.probe = depthProbe{c: probe, target: 5 + probeStep, step: probeStep, last: nanotime()}
+	cl := newTestCall(mustPrepare(t, "a.example."))
+	if c := p.pick(cl); c != idle {
+		t.Fatalf("Picked %p, want the idle connection at the depth %p (the probe %p, a busy one %p)", c, idle, probe, busy)
+	}
+	if l := idle.load.Load(); l != 1 {
+		t.Errorf("The idle connection holds %d, want 1", l)
+	}
+}
+
+// The probe hands back to the reach once the server served unprovenDepth past
+// the depth it first found: as deep as the reach bets with nothing served
+// beyond, which a limit that close would have stopped. Kept on, a limitless
+// slow upstream's connections each took no more than the depth the probe had
+// proven, which grew by one probe step an answer time: a load of 75 queries an
+// answer time dialled past the 4 connections it needs
+// (TestUniformlySlowSteadyLoadLearnedSideBySide held 5 or 6 in 2 of 5 runs
+// under the race detector).
+func TestDepthProbeHandsBackToTheReach(t *testing.T) {
+	p := newBareConn(t, 8).pool
+	p.learned.mode.mode.Store(int32(ModeOutOfOrder))
+	p.learned.mode.usual.Store(int64(100 * time.Millisecond))
+	for _, c := range []struct{ deepest, want int32 }{{10, 10}, {10 + unprovenDepth - 1, 10 + unprovenDepth - 1}, {10 + unprovenDepth, 0}} {
+		p.learned.limit.deepest.Store(c.deepest)
+		if r := p.probedReach(); r != c.want {
+			t.Errorf("Deepest served %d (first %d): probed reach %d, want %d", c.deepest, 10, r, c.want)
+		}
+	}
+}

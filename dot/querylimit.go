@@ -44,6 +44,10 @@ type queryLimit struct {
 	// deepest: the highest write order (call.seq) one connection's server
 	// served, ever; likewise (see probedReach).
 	deepest atomic.Int32
+	// probedTo: unprovenDepth past the deepest served as the depth probe
+	// first engaged; once the server served that deep, the probe hands back
+	// to the reach (see probedReach, probe.go). Likewise.
+	probedTo atomic.Int32
 }
 
 // noteServed is told that a connection has served served answers.

@@ -57,11 +57,10 @@ func (c *conn) gather(batch []*call) ([]*call, bool) {
 
 // writeBatch writes the calls of batch that are still queued, in shared TLS records
 // if the upstream is known to read them, else one record each; a batch of three or
-// more runs the record trial when there is no verdict yet, unless a query it
-// would hold waited for a connection (withWaiters).
+// more runs the record trial when there is no verdict yet.
 func (c *conn) writeBatch(batch []*call) error {
 	v := c.pool.verdict()
-	if v == verdictNone && len(batch) >= 3 && !withWaiters(batch[2:]) && c.pool.startTrial() {
+	if v == verdictNone && len(batch) >= 3 && c.pool.startTrial() {
 		if err := c.trial(batch); err != nil {
 			return err
 		}
@@ -89,19 +88,3 @@ func (c *conn) writeFailed(err error) {
 
 // batchBytes: below this much buffered, the writer yields once before flushing.
 const batchBytes = 4 << 10
-
-// withWaiters reports whether a call of batch waited for a connection
-// (call.waited): one dialled for it, as forward's. The record trial holds the
-// calls after its first two until its second is answered, an answer time more
-// for a query that waited a handshake already. Queries that waited for the
-// dials of a slow upstream's depth probe (probe.go) took the first one to open
-// in turn, and the trial run there held them: property seed 70 (36 ms answers
-// in a storm) answered 1,135 against the model's 1,160, and 1,162 without it.
-func withWaiters(batch []*call) bool {
-	for _, cl := range batch {
-		if cl.waited {
-			return true
-		}
-	}
-	return false
-}
