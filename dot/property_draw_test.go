@@ -35,6 +35,7 @@ type behaviour struct {
 	storms    []spell       // answer times grow factor times (a handshake storm on a loaded upstream)
 	loaded    []spell       // the client's machine is loaded: each read of a connection returns delay late, each dial 5×delay late
 	silent    bool          // the server reads queries and answers none
+	kind      steadyKind    // TestPropertySteady's kind of upstream (property_steady_test.go); kindNone for TestProperty's
 }
 
 // spell is a spell of a behaviour, from at after the load's start.
@@ -69,6 +70,7 @@ type offeredLoad struct {
 	qps      float64
 	arrivals []time.Duration // from the load's start, ascending
 	deadline time.Duration   // each query's, from its arrival (a client's or CoreDNS's timeout)
+	paced    bool            // arrivals evenly spaced (a paced load generator), not Poisson
 }
 
 // drawLimits bound a drawn load; the flags of property_test.go raise them.
@@ -209,6 +211,9 @@ func (b *behaviour) readDelay(at time.Duration) time.Duration {
 
 func (b behaviour) String() string {
 	var s strings.Builder
+	if b.kind != kindNone {
+		fmt.Fprintf(&s, "[%v] ", b.kind)
+	}
 	order := "out of order"
 	if b.inOrder {
 		order = "in order"
@@ -246,7 +251,11 @@ func (b behaviour) String() string {
 
 func (l offeredLoad) String() string {
 	span := l.arrivals[len(l.arrivals)-1]
-	return fmt.Sprintf("%d queries at %.0f QPS over %v, deadline %v", len(l.arrivals), l.qps, span.Round(time.Millisecond), l.deadline)
+	paced := ""
+	if l.paced {
+		paced = " paced"
+	}
+	return fmt.Sprintf("%d queries at %.0f QPS%s over %v, deadline %v", len(l.arrivals), l.qps, paced, span.Round(time.Millisecond), l.deadline)
 }
 
 // The default seeds cover the space: both orders, every distribution, answer

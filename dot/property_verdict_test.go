@@ -28,13 +28,32 @@ import (
 // they count (see the Makefile).
 func TestProperty(t *testing.T) {
 	lim := drawLimits{maxQueries: *propertyMax, maxLength: 3 * time.Second}
-	known := readSeedsFile(t, knownFailuresFile)
+	judgeFamily(t, propertyFamily{
+		name:      "TestProperty",
+		known:     knownFailuresFile,
+		raceSeeds: raceSeeds,
+		draw:      func(seed uint64) (behaviour, offeredLoad) { return drawSeed(seed, lim) },
+	}, propertySeedList(t))
+}
+
+// propertyFamily is a family of seeded upstreams and loads, judged seed by
+// seed against the model of forward with a ratchet on its own known failures:
+// TestProperty's, and TestPropertySteady's (property_steady_test.go).
+type propertyFamily struct {
+	name      string // the test's, for the replay line
+	known     string // its known-failures file
+	raceSeeds int    // how many seeds it runs under the race detector
+	draw      func(seed uint64) (behaviour, offeredLoad)
+}
+
+// judgeFamily judges fam's seeds, each in a subtest of its own.
+func judgeFamily(t *testing.T, fam propertyFamily, seeds []uint64) {
+	known := readSeedsFile(t, fam.known)
 	var sum failSummary
 	var r ratchet
-	t.Cleanup(func() { sum.log(t); r.log(t, known) })
-	seeds := propertySeedList(t)
+	t.Cleanup(func() { sum.log(t); r.log(t, fam.known, known) })
 	if raceEnabled {
-		seeds = seeds[:min(len(seeds), raceSeeds)]
+		seeds = seeds[:min(len(seeds), fam.raceSeeds)]
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -45,41 +64,46 @@ func TestProperty(t *testing.T) {
 				// timed out that way).
 				t.Parallel()
 			}
-			b, ld := drawSeed(seed, lim)
-			judge := func() (string, loadOutcome, loadOutcome) {
-				model := runForward(t, &b, ld)
-				pool := runPool(t, &b, ld)
-				return judgeSeed(pool, model), pool, model
-			}
-			msg, pool, model := judge()
-			sum.add(seed, msg)
-			report := fmt.Sprintf("Seed %d: %s\n  upstream: %v\n  load: %v\n  pool:  %v\n  model: %v\n  replay: go test ./dot/ -run 'TestProperty$/seed=%d$'",
-				seed, msg, b, ld, pool, model, seed)
-			switch {
-			case msg == "":
-				r.passed(seed)
-			case raceEnabled && len(pool.lost) == 0:
-				t.Log("Under the race detector, not judged: " + report)
-			case raceEnabled:
-				t.Error("Queries lost (under the race detector too, a loss is a bug): " + report)
-			case *propertyStrict:
-				if slices.Contains(known, seed) {
-					r.knownFailed(seed) // counted in the log, failed all the same
-				}
-				t.Error(report)
-			case slices.Contains(known, seed):
-				r.knownFailed(seed)
-				t.Log("Known failure (" + knownFailuresFile + "): " + report)
-			default:
-				for range propertyReplays {
-					if again, _, _ := judge(); again == "" {
-						t.Log("Failed once, passed on a replay (near a margin): " + report)
-						return
-					}
-				}
-				t.Error("Regression (not in " + knownFailuresFile + "; failed on every replay): " + report)
-			}
+			judgeFamilySeed(t, fam, seed, slices.Contains(known, seed), &sum, &r)
 		})
+	}
+}
+
+// judgeFamilySeed judges one seed of fam; listed says it is a known failure.
+func judgeFamilySeed(t *testing.T, fam propertyFamily, seed uint64, listed bool, sum *failSummary, r *ratchet) {
+	b, ld := fam.draw(seed)
+	judge := func() (string, loadOutcome, loadOutcome) {
+		model := runForward(t, &b, ld)
+		pool := runPool(t, &b, ld)
+		return judgeSeed(pool, model), pool, model
+	}
+	msg, pool, model := judge()
+	sum.add(seed, msg)
+	report := fmt.Sprintf("Seed %d: %s\n  upstream: %v\n  load: %v\n  pool:  %v\n  model: %v\n  replay: go test ./dot/ -run '%s$/seed=%d$'",
+		seed, msg, b, ld, pool, model, fam.name, seed)
+	switch {
+	case msg == "":
+		r.passed(seed)
+	case raceEnabled && len(pool.lost) == 0:
+		t.Log("Under the race detector, not judged: " + report)
+	case raceEnabled:
+		t.Error("Queries lost (under the race detector too, a loss is a bug): " + report)
+	case *propertyStrict:
+		if listed {
+			r.knownFailed(seed) // counted in the log, failed all the same
+		}
+		t.Error(report)
+	case listed:
+		r.knownFailed(seed)
+		t.Log("Known failure (" + fam.known + "): " + report)
+	default:
+		for range propertyReplays {
+			if again, _, _ := judge(); again == "" {
+				t.Log("Failed once, passed on a replay (near a margin): " + report)
+				return
+			}
+		}
+		t.Error("Regression (not in " + fam.known + "; failed on every replay): " + report)
 	}
 }
 
@@ -95,7 +119,7 @@ const raceSeeds = 50
 // its failure counts.
 const propertyReplays = 3
 
-// ratchet tallies the known failures of a TestProperty run.
+// ratchet tallies the known failures of a run of a family's seeds.
 type ratchet struct {
 	mu     sync.Mutex
 	failed []uint64 // guarded by mu: listed seeds that failed
@@ -115,7 +139,7 @@ func (r *ratchet) passed(seed uint64) {
 }
 
 // log says how many listed seeds still fail and which listed ones now pass.
-func (r *ratchet) log(t *testing.T, known []uint64) {
+func (r *ratchet) log(t *testing.T, file string, known []uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var now []uint64
@@ -126,5 +150,5 @@ func (r *ratchet) log(t *testing.T, known []uint64) {
 	}
 	slices.Sort(now)
 	t.Logf("Known failures (%s, issue 21): %d of %d listed still fail; now pass, to take off the list: %v",
-		knownFailuresFile, len(r.failed), len(known), now)
+		file, len(r.failed), len(known), now)
 }
