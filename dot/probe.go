@@ -84,10 +84,7 @@ type depthProbe struct {
 // once the server served unprovenDepth past the deepest as the probe first
 // engaged (probedTo).
 func (p *Pool) probedReach() int32 {
-	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeOutOfOrder || p.learned.limit.get() != 0 || p.noDepthProbe.Load() {
-		return 0
-	}
-	if p.learned.mode.usual.Load() < int64(unknownSlow) {
+	if !p.probeApplies() {
 		return 0
 	}
 	l := &p.learned.limit
@@ -101,6 +98,35 @@ func (p *Pool) probedReach() int32 {
 		return 0 // served as deep as the reach bets unproven: see probedTo
 	}
 	return max(deep, 1)
+}
+
+// probeApplies reports whether the upstream is one the probe is for: slow,
+// out of order, its query limit not known, MaxConns auto.
+func (p *Pool) probeApplies() bool {
+	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeOutOfOrder || p.learned.limit.get() != 0 || p.noDepthProbe.Load() {
+		return false
+	}
+	return p.learned.mode.usual.Load() >= int64(unknownSlow)
+}
+
+// heldAtDepth reports whether a connection that took accepted queries was
+// held at the depth by the probe: the probe is on (not handed back) and it
+// took no more than the deepest write order served. Such a connection takes
+// one query at a time there and then sits idle, so that a server's idle
+// timeout cuts them all after as many answers, the depth, some within
+// answerCutWithin of their last answer: two such cuts within a dial's time
+// of each other taught a limit at the depth the server did not have (steady
+// property seed 45: idle timeout 144 ms, answers 276 ms, a limit of 13 with
+// 14 served, the queries past it evicted and replayed, p99 640 ms against
+// the model's 375). Such a cut teaches no limit (learnLimit): a limit at the
+// depth shows on the probe, which goes past it and is cut busy.
+func (p *Pool) heldAtDepth(accepted int) bool {
+	if !p.probeApplies() {
+		return false
+	}
+	l := &p.learned.limit
+	deep, bet := l.deepest.Load(), l.probedTo.Load()
+	return bet != 0 && deep < bet && accepted <= int(deep)
 }
 
 // pickProbe registers cl on the probe (starting one if none is under way),

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/miekg/dns"
@@ -142,5 +143,48 @@ func TestDepthProbeHandsBackToTheReach(t *testing.T) {
 		if r := p.probedReach(); r != c.want {
 			t.Errorf("Deepest served %d (first %d): probed reach %d, want %d", c.deepest, 10, r, c.want)
 		}
+	}
+}
+
+// While the probe holds a slow upstream's connections at the depth, a server's
+// cut of one that took no more than the depth, at its last answer, teaches no
+// limit: such connections take one query at a time there and sit idle, and an
+// idle timeout cuts them all after as many answers, some at an answer. Two
+// within a dial's time taught steady property seed 45 (idle timeout 144 ms,
+// answers 276 ms, no limit) a limit of 13 at a depth of 14, and the queries
+// past it were evicted and replayed (p99 640 ms against the model's 375).
+// The control: the probe handed back, the same two cuts teach it.
+func TestCutAtTheDepthUnderTheProbeTeachesNoLimit(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		probedTo int32
+		want     int32
+	}{{"the probe on", 14 + unprovenDepth, 0}, {"the probe handed back", 14, 13}} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				first := newBareConn(t, 8)
+				p := first.pool
+				second := newConn(p, first.tc, first.bc)
+				time.Sleep(2 * restartWindow)
+				// Set after the sleep: the sweeper, seeing no answers, would
+				// have taken the mode back to unknown.
+				p.learned.mode.mode.Store(int32(ModeOutOfOrder))
+				p.learned.mode.usual.Store(int64(276 * time.Millisecond))
+				p.dialTime.Store(int64(4 * time.Millisecond))
+				p.learned.limit.deepest.Store(14)
+				p.learned.limit.probedTo.Store(c.probedTo)
+				for _, cn := range []*conn{first, second} {
+					cn.mu.Lock()
+					cn.accepted, cn.served = 14, 14
+					cn.mu.Unlock()
+					cn.servedAt.Store(nanotime())
+					cn.closeFor(errServerClosed, CloseServer)
+					time.Sleep(time.Millisecond)
+				}
+				if got := p.learned.limit.get(); got != c.want {
+					t.Errorf("Two connections that took 14 queries cut at their 14th answer 1 ms apart, the depth 14: limit %d, want %d", got, c.want)
+				}
+			})
+		})
 	}
 }
