@@ -166,8 +166,10 @@ func TestCutAtTheDepthUnderTheProbeTeachesNoLimit(t *testing.T) {
 				p := first.pool
 				second := newConn(p, first.tc, first.bc)
 				time.Sleep(2 * restartWindow)
-				// Set after the sleep: the sweeper, seeing no answers, would
-				// have taken the mode back to unknown.
+				synctest.Wait() // the sweeper's tick at this instant done
+				// Set after the sweeper's ticks: seeing no answers, they
+				// take the mode back to unknown. The cuts come at one
+				// instant, within a dial's time, with no tick between.
 				p.learned.mode.mode.Store(int32(ModeOutOfOrder))
 				p.learned.mode.usual.Store(int64(276 * time.Millisecond))
 				p.dialTime.Store(int64(4 * time.Millisecond))
@@ -179,10 +181,9 @@ func TestCutAtTheDepthUnderTheProbeTeachesNoLimit(t *testing.T) {
 					cn.mu.Unlock()
 					cn.servedAt.Store(nanotime())
 					cn.closeFor(errServerClosed, CloseServer)
-					time.Sleep(time.Millisecond)
 				}
 				if got := p.learned.limit.get(); got != c.want {
-					t.Errorf("Two connections that took 14 queries cut at their 14th answer 1 ms apart, the depth 14: limit %d, want %d", got, c.want)
+					t.Errorf("Two connections that took 14 queries cut at their 14th answer together, the depth 14: limit %d, want %d", got, c.want)
 				}
 			})
 		})
