@@ -445,7 +445,8 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		if confirms {
 			busy = ignored
 		}
-		atAnswer := busy == 0 && wasOpen && !idleRace && nanotime()-c.servedAt.Load() < int64(answerCutWithin)
+		// Not one the depth probe held at the depth: see heldAtDepth.
+		atAnswer := busy == 0 && wasOpen && !idleRace && nanotime()-c.servedAt.Load() < int64(answerCutWithin) && !c.pool.heldAtDepth(life.accepted)
 		c.pool.learnLimit(reason, served, busy, atAnswer)
 	}
 	c.pool.connClosed(c, reason, life)

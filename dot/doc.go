@@ -61,6 +61,9 @@
 //     silent connections, see sweep.go), restarts told apart from it, the
 //     depth no connection goes past before answers prove it (reach), and a
 //     connection's side of it (draining at it, evicting past it).
+//   - probe.go: the depth probe: a slow out-of-order upstream with no limit
+//     known is filled no deeper than the write order it served, and one
+//     connection at a time goes past it.
 //   - query.go: a client's query prepared once for the upstream, and what is refused.
 //   - answer.go: matching an upstream's answer to its query, and unpacking it for the client.
 //   - wire.go: walking names and records on the wire, for both.

@@ -592,3 +592,33 @@ func TestQueryLimitOddFirstCutLocksNothingOut(t *testing.T) {
 		}
 	})
 }
+
+// The deepest write order a server served refutes a cut after fewer answers,
+// though the connection that served it is gone: a server with a limit serves
+// none past it. Under the depth probe a server's idle timeout cuts
+// connections after about as many answers each, at an answer now and then
+// (steady property seed 45 learned a limit of 14 with 22 served, and
+// replayed 256 queries evicted past it).
+func TestQueryLimitRefutedByTheDeepestServed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newBareConn(t, 64).pool
+		p.dialTime.Store(int64(4 * time.Millisecond))
+		p.learned.limit.noteDepth(22)
+		time.Sleep(2 * restartWindow)
+		for range 2 {
+			p.learnLimit(CloseServer, 15, 0, true)
+			time.Sleep(time.Millisecond)
+		}
+		if got := p.learned.limit.get(); got != 0 {
+			t.Fatalf("Connections cut at their 15th answer 1 ms apart, the 22nd query served: limit %d, want 0", got)
+		}
+		time.Sleep(2 * restartWindow)
+		for range 2 {
+			p.learnLimit(CloseServer, 21, 0, true) // give or take one: as alike allows
+			time.Sleep(time.Millisecond)
+		}
+		if got := p.learned.limit.get(); got != 20 {
+			t.Errorf("Connections cut at their 21st answer 1 ms apart, the 22nd query served: limit %d, want 20", got)
+		}
+	})
+}

@@ -45,6 +45,18 @@ func (p *Pool) pick(cl *call) *conn {
 	if p.oneEach() || p.awaitsItsDial(cl) {
 		return p.pickIdle(cl)
 	}
+	if r := p.probedReach(); r != 0 {
+		// Slow, out of order, no limit known: within the depth served,
+		// then the probe past it, then a connection of its own, for which
+		// one that reached the depth is retired once open (probe.go).
+		if c := p.pickInTurn(cl, r); c != nil {
+			return c
+		}
+		if c := p.pickProbe(cl); c != nil {
+			return c
+		}
+		return p.pickIdle(cl)
+	}
 	// A connection that took more than the limit's reach takes no more
 	// while another open one has room: it may be past a limit not shown yet.
 	c := p.pickInTurn(cl, p.learned.limit.reach())
@@ -300,6 +312,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	if burstSince != math.MaxInt64 && !cl.burstStart && p.firstDialBurst(cl, burstSince) {
 		return nil // it waits for the pool's first connection
 	}
+	reach := p.probedReach() // a connection that took as many takes one query, idle (probe.go)
 	for range 3 {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
@@ -308,7 +321,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		warm, turn := p.warmOrder(len(conns))
 		for i := range conns {
 			c := conns[inTurn(i, warm, turn)]
-			if !c.accepts(c.avail(), cl) {
+			if !c.accepts(c.avail(), cl) || reach != 0 && c.taken.Load() >= reach && c.load.Load() != 0 {
 				continue
 			}
 			l := c.load.Load()
@@ -363,7 +376,8 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			return nil
 		}
 		cl.orderCheck = check != nil && best == check
-		if best == seen && within == p.cfg.MaxInflight && !cl.orderCheck {
+		if best == seen && within == p.cfg.MaxInflight && !cl.orderCheck ||
+			reach != 0 && best.taken.Load() >= reach {
 			// A connection seen idle is taken only while it still is.
 			// Waiters woken together (a dial's end) all saw it idle;
 			// one that yielded to none (its older waiter had taken it
@@ -371,6 +385,8 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			// behind that one, and in order waited an answer time more
 			// (TestFirstDialSharedByNoneApart under -race on a loaded
 			// machine). The register fails then, and it looks again.
+			// At the depth served (only idle ones are picked there): one
+			// query at a time, as forward's (probe.go).
 			within = 1
 		}
 		if best.registerWithin(cl, within) {

@@ -63,6 +63,7 @@ type Pool struct {
 	noSpares      atomic.Bool             // set by tests that count the dials of one mechanism: no idle ones dialled for forward's count (keepForwards)
 	checksOwed    checksOwed              // the order checks that may each spare a waiter its dial (see checkOwesWaiter)
 	sparedWaiters atomic.Int32            // queries spared a dial that wait for a connection (see checkOwesWaiter)
+	noDepthProbe  atomic.Bool             // set by tests of connections filled past a query limit, which the depth probe spares a slow upstream's (probe.go)
 	kick          chan struct{}           // cap 1: wakes the sweeper
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
@@ -85,6 +86,8 @@ type Pool struct {
 	// firstDialAt, guarded by mu, unix ns (see firstDialBurst): the last
 	// query that came before the pool had a connection
 	firstDialAt int64
+
+	probe depthProbe // guarded by mu: the connection going past the depth served (probe.go)
 }
 
 // Stats is a snapshot of a pool's state.
@@ -172,7 +175,6 @@ func (p *Pool) dial(run *dialRun) {
 		p.obs.Closed(ClosePool) // Dialed reported it open
 		return
 	}
-	defer p.mu.Unlock()
 	p.fds.lift()
 	c := newConn(p, tc, bc)
 	c.cold = cold
@@ -185,6 +187,10 @@ func (p *Pool) dial(run *dialRun) {
 	p.wg.Add(2)
 	go c.readLoop()
 	go c.writeLoop()
+	p.mu.Unlock()
+	if r := p.probedReach(); r != 0 {
+		p.retireOne(r) // the new one takes the queries it could not (probe.go)
+	}
 }
 
 // dialError wraps a failed dial's error in ErrDial, with a hint when the server's

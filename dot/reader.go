@@ -99,6 +99,7 @@ func (c *conn) dispatch(frame []byte) {
 		held = now - max(cl.sentAt.Load(), c.servedAt.Load())
 		if cl.seq > c.lastServed {
 			c.lastServed = cl.seq
+			c.pool.learned.limit.noteDepth(cl.seq)
 			c.servedAt.Store(now)
 		}
 		c.answers.usual = c.pool.learned.mode.usual.Load()

@@ -106,11 +106,13 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	}
 	capConns := p.capConns()
 	openCap := capConns // what maxOpen allows beyond
-	if waiter && p.queueDepth() < int32(p.cfg.MaxInflight) {
+	if waiter && (p.queueDepth() < int32(p.cfg.MaxInflight) || p.probedReach() != 0) {
 		// A query that would wait longer behind others than for a
-		// dial (queueDepth): the cap in order, as for slowUnknown. Only
-		// while that bound holds: other waiters (those of the first
-		// dial, firstdial.go) keep the cap of the mode.
+		// dial (queueDepth), or that would go past the depth a slow
+		// upstream served (probedReach): the cap in order, as for
+		// slowUnknown. Only while that bound holds: other waiters
+		// (those of the first dial, firstdial.go) keep the cap of the
+		// mode.
 		capConns, openCap = AutoMaxConnsInOrder, AutoMaxConnsInOrder
 	}
 	spare := want < 0 // see dialSpare
