@@ -153,13 +153,16 @@ func TestDepthProbeHandsBackToTheReach(t *testing.T) {
 // within a dial's time taught steady property seed 45 (idle timeout 144 ms,
 // answers 276 ms, no limit) a limit of 13 at a depth of 14, and the queries
 // past it were evicted and replayed (p99 640 ms against the model's 375).
-// The control: the probe handed back, the same two cuts teach it.
+// The control: the probe handed back, the same two cuts teach it. The depth
+// here is 20, not 14: cuts at an answer after fewer than minLearnedLimit
+// answers teach no limit, probe or not.
 func TestCutAtTheDepthUnderTheProbeTeachesNoLimit(t *testing.T) {
+	const depth = 20
 	for _, c := range []struct {
 		name     string
 		probedTo int32
 		want     int32
-	}{{"the probe on", 14 + unprovenDepth, 0}, {"the probe handed back", 14, 13}} {
+	}{{"the probe on", depth + unprovenDepth, 0}, {"the probe handed back", depth, depth - 1}} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				first := newBareConn(t, 8)
@@ -173,17 +176,17 @@ func TestCutAtTheDepthUnderTheProbeTeachesNoLimit(t *testing.T) {
 				p.learned.mode.mode.Store(int32(ModeOutOfOrder))
 				p.learned.mode.usual.Store(int64(276 * time.Millisecond))
 				p.dialTime.Store(int64(4 * time.Millisecond))
-				p.learned.limit.deepest.Store(14)
+				p.learned.limit.deepest.Store(depth)
 				p.learned.limit.probedTo.Store(c.probedTo)
 				for _, cn := range []*conn{first, second} {
 					cn.mu.Lock()
-					cn.accepted, cn.served = 14, 14
+					cn.accepted, cn.served = depth, depth
 					cn.mu.Unlock()
 					cn.servedAt.Store(nanotime())
 					cn.closeFor(errServerClosed, CloseServer)
 				}
 				if got := p.learned.limit.get(); got != c.want {
-					t.Errorf("Two connections that took 14 queries cut at their 14th answer together, the depth 14: limit %d, want %d", got, c.want)
+					t.Errorf("Two connections that took %d queries cut at their last answer together, the depth %d: limit %d, want %d", depth, depth, got, c.want)
 				}
 			})
 		})
