@@ -93,7 +93,6 @@ func (cl *call) complete(r result) {
 
 // result completes a call: an answer, unpacked for the caller, or an error.
 type result struct {
-	msg  *dns.Msg
-	err  error
-	held int64 // ns its attempt held its connection, an answer's (see dispatch): what forward's would have (shadow.go)
+	msg *dns.Msg
+	err error
 }

@@ -91,7 +91,6 @@ func TestInOrderSlowHandshakeRescuesDialOneAtATime(t *testing.T) {
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		p.noOrderChecks.Store(true)
-		p.noSpares.Store(true) // the dials counted are this mechanism's alone
 		never := func(string) time.Duration { return time.Second }
 		checkOutcomes(t, offer(p, 1, 0, func(int) string { return "warm.example." }), never)
 		sm := sample(p)

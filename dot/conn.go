@@ -406,13 +406,6 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	// replayed, as on a connection that had answered, and the close is no
 	// failure of the upstream.
 	idleRace := reason == CloseServer && c.idleBefore >= int64(idleRaceAfter)
-	if reason == CloseServer {
-		unused := nanotime() - c.lastUsed.Load()
-		if len(live) > 0 {
-			unused = 0 // a cut: forward loses its busy connections too
-		}
-		c.pool.shadow.serverClosed(unused)
-	}
 	confirms := c.cutConfirmsLocked(reason, ignored)
 	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born),
 		serverIdle: time.Duration(c.pool.serverIdle.Load()), idleRace: idleRace}

@@ -81,29 +81,14 @@ func (q *query) settle(cl *call, res result) {
 }
 
 // exchange runs q's attempts: moves to another connection, a rescue from a
-// blocked one, and replays (see replayable); the replay of forward's
-// connections (shadow.go) notes when it came and how long it held one.
+// blocked one, and replays (see replayable).
 func (p *Pool) exchange(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, error) {
-	came := nanotime()
-	ticket := p.shadow.begin(came, p.dialTime.Load())
-	m, held, err := p.attempts(ctx, q, deadline)
-	if held <= 0 {
-		held = nanotime() - came // no answer: it held a connection (or waited for one) until now
-	}
-	p.shadow.end(ticket, held)
-	return m, err
-}
-
-// attempts runs q's attempts (see exchange) and returns the answer, how long
-// its attempt held its connection (result.held; 0 without an answer) and the
-// error.
-func (p *Pool) attempts(ctx context.Context, q *query, deadline time.Time) (*dns.Msg, int64, error) {
 	for moves := 0; ; {
 		cl := p.newCall(ctx, q, deadline)
 		c, err := p.acquire(ctx, cl)
 		if err != nil {
 			p.respChans.Put(cl.resp)
-			return nil, 0, err
+			return nil, err
 		}
 		res, ok := c.await(ctx.Done(), cl)
 		if ok && res.err == errRescued {
@@ -111,16 +96,16 @@ func (p *Pool) attempts(ctx context.Context, q *query, deadline time.Time) (*dns
 		}
 		p.respChans.Put(cl.resp)
 		if !ok {
-			return nil, 0, ctx.Err()
+			return nil, ctx.Err()
 		}
 		if res.err == nil || errors.Is(res.err, ErrMalformed) {
 			q.settle(cl, res)
-			return res.msg, res.held, res.err
+			return res.msg, res.err
 		}
 		switch {
 		case errors.Is(res.err, ErrTimeout) && cl.callerDeadline:
 			// The caller's own deadline: say so, so it is not taken for a slow upstream.
-			return nil, 0, wrap(res.err, context.DeadlineExceeded)
+			return nil, wrap(res.err, context.DeadlineExceeded)
 		case errors.Is(res.err, errUnsent) && moves < p.capConns():
 			moves++ // never written: another connection, at no cost
 		case p.replayable(ctx, q, res.err) && (deadline.IsZero() || time.Now().Before(deadline)):
@@ -129,9 +114,9 @@ func (p *Pool) attempts(ctx context.Context, q *query, deadline time.Time) (*dns
 			q.noteCut(res.err)
 			p.obs.Replayed()
 		case errors.Is(res.err, errUnsent):
-			return nil, 0, wrap(ErrConnLost, res.err)
+			return nil, wrap(ErrConnLost, res.err)
 		default:
-			return nil, 0, res.err
+			return nil, res.err
 		}
 	}
 }

@@ -104,7 +104,6 @@ func TestOrderCheckSparesAWaiterItsDial(t *testing.T) {
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		p.noOrderChecks.Store(true) // none but the one below
-		p.noSpares.Store(true)      // the dials counted are this mechanism's alone
 		learnInOrder(t, p, service)
 		offer(p, 4, 0, names("warm")) // 4 connections, one each
 		time.Sleep(2 * service)       // every connection idle

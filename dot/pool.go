@@ -51,7 +51,6 @@ type Pool struct {
 	servingAt     atomic.Int64            // readsGrewAt, for the hot path (see queueDepth)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
-	shadow        forwardShadow           // forward's connection count, replayed (shadow.go)
 	spellSamples  []spellSample           // sweeper only: rescueSpells' buffer, kept from sweep to sweep
 	respChans     *sync.Pool              // see newRespChans
 	bufs          spareBufs               // closed connections' buffers, for the next ones
@@ -60,7 +59,6 @@ type Pool struct {
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
 	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
 	untimedSince  atomic.Int64            // unix ns: the pool's first query's dial, set once (see untimedRoom)
-	noSpares      atomic.Bool             // set by tests that count the dials of one mechanism: no idle ones dialled for forward's count (keepForwards)
 	checksOwed    checksOwed              // the order checks that may each spare a waiter its dial (see checkOwesWaiter)
 	sparedWaiters atomic.Int32            // queries spared a dial that wait for a connection (see checkOwesWaiter)
 	noDepthProbe  atomic.Bool             // set by tests of connections filled past a query limit, which the depth probe spares a slow upstream's (probe.go)

@@ -88,15 +88,10 @@ func (c *conn) dispatch(frame []byte) {
 	// served: the answer to one of our calls, whether or not its caller still
 	// waits for it: the upstream read the query and served it.
 	served := drop < 0 || drop == DropLate || drop == DropRescued || drop == DropEvicted
-	held := int64(0)
 	if served {
 		now := c.bc.arrival()
 		c.served++
 		c.pool.learned.limit.noteServed(c.served)
-		// In order, the upstream served it from its write or from the
-		// answer before it, the later (out of order that is less: no
-		// matter, the replay of forward errs on the low side).
-		held = now - max(cl.sentAt.Load(), c.servedAt.Load())
 		if cl.seq > c.lastServed {
 			c.lastServed = cl.seq
 			c.pool.learned.limit.noteDepth(cl.seq)
@@ -155,7 +150,7 @@ func (c *conn) dispatch(frame []byte) {
 	if drop >= 0 {
 		c.pool.obs.Dropped(drop)
 	} else {
-		c.deliver(cl, frame, held)
+		c.deliver(cl, frame)
 	}
 	if trial {
 		c.trialAnswered(cl)
@@ -171,8 +166,8 @@ var errDrained = errors.New("connection drained")
 // deliver unpacks an answer for its call and completes it. The reader does this,
 // not the caller: the reader's stack has grown once and for all, whereas the caller
 // runs on CoreDNS's fresh per-query goroutine, whose stack an unpack this deep would
-// grow (copy) on every query. held: how long cl held the connection (dispatch).
-func (c *conn) deliver(cl *call, frame []byte, held int64) {
+// grow (copy) on every query.
+func (c *conn) deliver(cl *call, frame []byte) {
 	c.pool.flights.land(cl.q, frame) // coalesce.go: the waiters' answers, before finishAnswer edits frame
 	r, keepalive, err := finishAnswer(cl.q, frame)
 	if err != nil {
@@ -180,7 +175,7 @@ func (c *conn) deliver(cl *call, frame []byte, held int64) {
 	} else if keepalive >= 0 {
 		c.keepalive(keepalive)
 	}
-	cl.complete(result{msg: r, err: err, held: held})
+	cl.complete(result{msg: r, err: err})
 	c.lastUsed.Store(c.pool.clock.Load())
 }
 

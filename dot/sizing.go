@@ -86,9 +86,8 @@ func (p *Pool) dialUpTo(want int) {
 // dials than dialLimit run, the connections that take queries (with those being
 // dialled) are under the cap (and, in order, under what the load needs), and
 // all open ones are under maxOpen. waiter: the dial is for a query that waits
-// for a connection of its own (see dialLimitLocked). want < 0: fewer than
-// -want, and not bound by what the load needs (dialSpare). It reports
-// whether it started one.
+// for a connection of its own (see dialLimitLocked). It reports whether it
+// started one.
 func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	// While a connection is closing, whether it failed (and so arms the backoff)
 	// is not known yet: connClosed wakes the waiters when it is.
@@ -115,9 +114,7 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 		// mode.
 		capConns, openCap = AutoMaxConnsInOrder, AutoMaxConnsInOrder
 	}
-	spare := want < 0 // see dialSpare
-	want = max(want, -want)
-	if p.oneEach() && p.cfg.MaxConns == 0 && !waiter && !spare {
+	if p.oneEach() && p.cfg.MaxConns == 0 && !waiter {
 		// What the load needs, as the sweeper last saw it; a query that
 		// waits for a connection of its own is what the load needs now.
 		capConns = min(capConns, max(int(p.needed.Load()), 1))
@@ -294,7 +291,6 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	for range min(wanted-open, maxParallelDials) - int(p.dialing.Load()) {
 		p.dialUpTo(wanted)
 	}
-	p.keepForwards(now, n)
 	if taking := n.takes(); report && (wanted != z.wanted || taking != z.open) {
 		z.wanted, z.open = wanted, taking
 		p.sizeObs.Sized(wanted, taking)
@@ -427,60 +423,3 @@ func (p *Pool) wanted(busy, inflight, needed int) int {
 	perConn := max(p.cfg.MaxInflight*3/4, 1)
 	return min((inflight+perConn-1)/perConn, p.capConns())
 }
-
-// keepForwards replays forward's connection count (shadow.go) and, for an
-// in-order upstream with queries outstanding, dials idle connections up to it,
-// less a margin: the pool then holds about what forward would hold for the
-// same queries. Counted against the open connections, blocked ones included
-// (in a stall every connection is blocked, and forward's are all busy too).
-// Not under a learned query limit (its successors are dialled for it) nor a
-// cap of the operator's, nor once the server closed a connection unused for
-// less than minIdleLife or cut a busy one (closedAfter): forward loses those
-// too, and spares dialled there were closed and dialled again (property seed
-// 119, a 64 ms idle timeout not told: 331 dials against the model's 194, 137
-// connections at once against 127).
-func (p *Pool) keepForwards(now int64, n census) {
-	expire := min(forwardUnused, p.cfg.IdleTimeout) // the operator's
-	if told := time.Duration(p.serverIdle.Load()); told > 0 {
-		expire = min(expire, told)
-	}
-	if seen := time.Duration(p.shadow.closedAfter.Load()); seen > 0 {
-		expire = min(expire, seen) // the server closes forward's too
-	}
-	want := p.shadow.replay(now, time.Duration(p.dialTime.Load()), expire)
-	if p.learned.mode.get() != ModeInOrder || p.cfg.MaxConns > 0 || p.learned.limit.get() != 0 || expire < minIdleLife || n.used == 0 || p.noSpares.Load() ||
-		p.learned.mode.usual.Load() < int64(unknownSlow) {
-		// No load: no spare is needed before the next query dials. A fast
-		// upstream: a query waits little for another's answer, and a
-		// fast out-of-order one (BenchmarkPoolExchange's, 64 queries
-		// outstanding) taken for in order for a moment got up to 64.
-		return
-	}
-	want -= 1 + want/shadowMarginDiv // the replay's error (see shadowMarginDiv)
-	for range min(want-n.open(), maxParallelDials) - int(p.dialing.Load()) {
-		p.dialSpare(want)
-	}
-}
-
-// dialSpare starts a dial if the pool may and fewer than want connections
-// take queries or are being dialled, whatever the load needs now (see
-// startDialLocked: a negative want).
-func (p *Pool) dialSpare(want int) {
-	p.mu.Lock()
-	p.startDialLocked(-want, false)
-	p.mu.Unlock()
-}
-
-// forwardUnused is how long forward keeps a connection unused: its expire's
-// default.
-const forwardUnused = 10 * time.Second
-
-// shadowMarginDiv: keepForwards dials up to the replayed count less one and
-// a shadowMarginDiv-th of it, the replay's error. Its hold times are the
-// pool's, read late by a loaded client (property seed 149: 11 ms late on
-// answers of about 23 ms, 134-135 replayed where the model of forward
-// opened 129; dialling up to that, 135 at once), and one spare dialled
-// while a query's own dial was under way is one over (seeds 42 and 198,
-// by one). With the margin, seed 131 passed 9 replays of 12 (none before);
-// 149, 42 and 198 pass.
-const shadowMarginDiv = 20

@@ -437,7 +437,7 @@ func (p *Pool) sweepAll(now int64, conns []*conn) {
 	n := countConns(conns)
 	surplus := n.open()
 	if p.oneEach() {
-		keep := max(p.sizer.keepInOrder(), int(p.shadow.count.Load()))
+		keep := p.sizer.keepInOrder()
 		surplus -= keep
 		p.warm.Store(int32(keep))
 	} else {

@@ -38,7 +38,6 @@ func TestInOrderWaiterTakesConnectionFreeingSoon(t *testing.T) {
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		p.noOrderChecks.Store(true) // none put behind another on purpose
-		p.noSpares.Store(true)      // the dials counted are this mechanism's alone
 		learnInOrder(t, p, service)
 		time.Sleep(100 * time.Millisecond) // every connection idle
 		open, before := p.Stats().Conns, s.Handshakes()
@@ -150,7 +149,6 @@ func TestInOrderWaiterDialsAtOnce(t *testing.T) {
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
 	bubble(t, opts, handshake, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		p.noOrderChecks.Store(true)
-		p.noSpares.Store(true) // the dials counted are this mechanism's alone
 		learnInOrder(t, p, service)
 		time.Sleep(100 * time.Millisecond) // every connection idle
 		busy := offerFor(p, p.Stats().Conns, 0, names("busy"))
