@@ -342,10 +342,6 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		if load == 0 && best != nil && p.yieldsIdle(cl) {
 			return nil // an idle connection, but an older waiter's: see waitOrder
 		}
-		var seen *conn // best, if it was idle when looked at
-		if load == 0 {
-			seen = best
-		}
 		var check *conn // the connection an order check goes on
 		if cl.avoid == nil && !cl.waited && !p.noOrderChecks.Load() && (p.orderCheckDue.Load() || p.orderCheckRolled()) {
 			// An order check is due until one finds a connection to go on.
@@ -376,8 +372,7 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			return nil
 		}
 		cl.orderCheck = check != nil && best == check
-		if best == seen && within == p.cfg.MaxInflight && !cl.orderCheck ||
-			reach != 0 && best.taken.Load() >= reach {
+		if reach != 0 && best.taken.Load() >= reach {
 			// A connection seen idle is taken only while it still is.
 			// Waiters woken together (a dial's end) all saw it idle;
 			// one that yielded to none (its older waiter had taken it
