@@ -435,18 +435,12 @@ func TestQueryLimitSmallCutsAtAnswersTeachNone(t *testing.T) {
 		p := newBareConn(t, 64).pool
 		p.dialTime.Store(int64(4 * time.Millisecond))
 		time.Sleep(2 * restartWindow)
-		for range 3 {
-			p.learnLimit(CloseServer, 3, 0, true)
-			time.Sleep(time.Millisecond)
-		}
+		cutsAtAnswer(p, 3, 3)
 		if got := p.learned.limit.get(); got != 0 {
 			t.Fatalf("Connections cut at their 3rd answer a millisecond apart: limit %d, want 0", got)
 		}
 		time.Sleep(2 * restartWindow)
-		for range 2 {
-			p.learnLimit(CloseServer, minLearnedLimit, 0, true)
-			time.Sleep(time.Millisecond)
-		}
+		cutsAtAnswer(p, 2, minLearnedLimit)
 		if got, want := p.learned.limit.get(), int32(minLearnedLimit-1); got != want {
 			t.Errorf("Connections cut at their %dth answer a millisecond apart: limit %d, want %d", minLearnedLimit, got, want)
 		}
@@ -605,20 +599,24 @@ func TestQueryLimitRefutedByTheDeepestServed(t *testing.T) {
 		p.dialTime.Store(int64(4 * time.Millisecond))
 		p.learned.limit.noteDepth(22)
 		time.Sleep(2 * restartWindow)
-		for range 2 {
-			p.learnLimit(CloseServer, 15, 0, true)
-			time.Sleep(time.Millisecond)
-		}
+		cutsAtAnswer(p, 2, 15)
 		if got := p.learned.limit.get(); got != 0 {
 			t.Fatalf("Connections cut at their 15th answer 1 ms apart, the 22nd query served: limit %d, want 0", got)
 		}
 		time.Sleep(2 * restartWindow)
-		for range 2 {
-			p.learnLimit(CloseServer, 21, 0, true) // give or take one: as alike allows
-			time.Sleep(time.Millisecond)
-		}
+		cutsAtAnswer(p, 2, 21) // give or take one: as alike allows
 		if got := p.learned.limit.get(); got != 20 {
 			t.Errorf("Connections cut at their 21st answer 1 ms apart, the 22nd query served: limit %d, want 20", got)
 		}
 	})
+}
+
+// cutsAtAnswer reports n server cuts, a millisecond apart, of connections
+// that served answers each and were cut at their last answer (nothing
+// outstanding): what an idle timer run from the last read, or a limit, shows.
+func cutsAtAnswer(p *Pool, n, answers int) {
+	for range n {
+		p.learnLimit(CloseServer, answers, 0, true)
+		time.Sleep(time.Millisecond)
+	}
 }
