@@ -25,6 +25,9 @@
 //   - pick.go: the hot path: picking a connection for a call as the mode says
 //     (filled in turn, or one query each: oneEach, bursts before the first
 //     answer).
+//   - slowunknown.go: while the mode is unknown and the upstream slow or not
+//     yet timed, a connection for each query (slowUnknown), and before the
+//     first answer the bound that keeps a black hole cheap (untimedRoom).
 //   - queuedepth.go: while the mode is unknown, no connection queued deeper
 //     than a dial is worth (queueDepth), nor behind an answer overdue by a
 //     dial's time (overdueAfter), and the waiting queries that keep their
@@ -58,9 +61,11 @@
 //     connection's answers say (slow gaps, side by side, waited), collected by
 //     the sweeper.
 //   - querylimit.go: the query limit learned from a server's cuts (and from
-//     silent connections, see sweep.go), restarts told apart from it, the
+//     silent connections, see silence.go), restarts told apart from it, the
 //     depth no connection goes past before answers prove it (reach), and a
 //     connection's side of it (draining at it, evicting past it).
+//   - silence.go: a silent connection, found on the sweeper's ticks, and what
+//     its silence teaches the query limit.
 //   - probe.go: the depth probe: a slow out-of-order upstream with no limit
 //     known is filled no deeper than the write order it served, and one
 //     connection at a time goes past it.
@@ -93,7 +98,7 @@
 //   - silent: a connection to an out-of-order upstream that answers nothing
 //     written after its Nth call while later calls are answered elsewhere: the
 //     server ignores the calls past its limit until its slowest answer
-//     (sweep.go). It drains, and its calls past the Nth are replayed at once.
+//     (silence.go). It drains, and its calls past the Nth are replayed at once.
 //   - record verdict: whether the upstream reads every query of a TLS record
 //     (shared records) or only the first (a record each), found by a trial.
 //   - mode: how the upstream serves the queries of one connection: out of order

@@ -20,15 +20,6 @@ const (
 	// shareWindow: before the first answer, queries that come this close
 	// together (a burst) share a connection (see burstSince).
 	shareWindow = 50 * time.Microsecond
-	// untimedMaxConns: before the first answer, the most connections a
-	// query each once untimedShare of the read timeout has passed since the
-	// pool's first query (see untimedRoom).
-	untimedMaxConns = 256
-	// untimedShare: before the first answer, the pool dials a connection
-	// per query, as forward does, beyond untimedMaxConns (up to the in-order
-	// cap) for the first 1/untimedShare of the read timeout after its first
-	// query (see untimedRoom).
-	untimedShare = 8
 )
 
 // accepts reports whether c, in state a (c.avail), may take cl: it takes
@@ -78,66 +69,6 @@ func (p *Pool) pick(cl *call) *conn {
 // many as the load needs: the upstream is in order, or slowUnknown.
 func (p *Pool) oneEach() bool {
 	return p.learned.mode.get() == ModeInOrder || p.slowUnknown()
-}
-
-// slowUnknown reports whether the mode is unknown and the upstream slow (its
-// usual answer time is unknownSlow or more) or not yet timed. A query put behind another
-// may then wait a whole answer time for it, and nothing shows yet that it need
-// not; forward would have given it a connection of its own. A burst shares
-// a connection while the upstream is not yet timed, and order checks go
-// behind another query now and then (see pickIdle): their answers show how
-// the upstream serves a connection. A fast upstream is pipelined from its
-// first answer on.
-func (p *Pool) slowUnknown() bool {
-	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
-		return false
-	}
-	switch u := p.learned.mode.usual.Load(); {
-	case u == 0:
-		// Before the first connection too: a query that comes while its
-		// dial is under way dials one of its own, unless it is of the
-		// burst that started it (see firstDialBurst). Shared, the dial of
-		// an upstream that
-		// shakes hands slowly gathered every query of the handshake's time
-		// on one connection, and an in-order upstream served them one
-		// after the other (issue 21, seeds 79, 149). A pool that has
-		// opened untimedMaxConns without an answer is likelier in front of
-		// a black hole than a slow upstream, unless the load is high
-		// enough to need them within a plausible answer time: see
-		// untimedRoom.
-		return p.untimedRoom()
-	default:
-		return u >= int64(unknownSlow)
-	}
-}
-
-// untimedRoom reports, before the first answer, whether a query may still
-// have a connection of its own (slowUnknown). Before an answer, a slow
-// upstream and a black hole look the same: forward holds a connection for
-// each query outstanding, arrivals × the time since the first query, and in
-// front of a black hole arrivals × the read timeout, without bound. The pool
-// holds as many as forward while its first query has waited less than
-// 1/untimedShare of the read timeout (up to the in-order cap, the most it
-// holds for an upstream answering in order): an upstream that answers
-// within that is merely slow, and a load that needs more connections than
-// untimedMaxConns in that time gets them (issue 21, steady property seed
-// 30: 169.5 ms answers at 4,865 QPS need 838 connections; capped at 256 at
-// 54 ms, the rest queued in turn, p99 500 ms against forward's 182, 1,232
-// connections against 838). Past that time, and still no answer, the pool
-// is likelier in front of a black hole: it keeps untimedMaxConns at most
-// (its connections and waiting room stay bounded, as the out-of-order cap
-// keeps them), and a black hole costs it at most 1/untimedShare of what it
-// costs forward.
-func (p *Pool) untimedRoom() bool {
-	n := len(*p.conns.Load())
-	switch {
-	case n < untimedMaxConns:
-		return true
-	case n >= AutoMaxConnsInOrder:
-		return false
-	}
-	since := p.untimedSince.Load()
-	return since != 0 && nanotime()-since < int64(p.cfg.ReadTimeout/untimedShare)
 }
 
 // pickInTurn registers cl on the oldest connection with room (and that took

@@ -354,70 +354,6 @@ func (p *Pool) unlearnLimit(n int) {
 // alike reports whether two cuts came after as many answers, give or take one.
 func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 
-// learnSilence is told that c's server stopped answering the queries written
-// after its served-th (see silentBeyondLocked): a query limit that cuts the
-// connection only after its slowest answer. It learns from it as from a cut,
-// and sends c's queries past it elsewhere at once whether or not the pool
-// learned a limit (a small one needs two like cuts): c drains.
-//
-// One silent connection may be one whose queries were all slow names: it
-// teaches only if another one fell silent after as many answers (give or
-// take one) before, or once the server cuts it with queries it ignored
-// still out (see cutConfirmsLocked). What other connections served does not
-// refute it (see refutesLimit): served is the write order of the last query
-// answered, not a count, and an upstream that turned in order while the
-// pool held it out of order falls silent so on every connection; the limit,
-// once taught, moves the queries off all of them (TestRegimeSwitchingUpstream
-// timed queries out while a limit refuted so moved them off the silent one
-// alone). Before that, a silent connection's own queries past it go elsewhere all the same:
-// if they were slow names, that costs their wait so far and a connection; if
-// not, they would wait for its cut (property seed 63: p99 580 ms against 446
-// ms, where 1.2 times the model's and 5 ms is 533 ms).
-func (p *Pool) learnSilence(c *conn, served int) {
-	c.markSilent(served)
-	if p.probing(c) || !p.silenceAlike(c, served) {
-		c.setQueryLimit(served)
-		return
-	}
-	if limit := p.limitSilent(served); limit != 0 {
-		p.applyLimit(limit)
-		return
-	}
-	c.setQueryLimit(served)
-}
-
-// limitSilent learns the limit two like silences show. Not through limitCut:
-// a silence is no cut, and a restart makes none, so neither the cuts around
-// it nor limitCut's rule for small ones (two like cuts) bear on it. Through
-// limitCut, the idle timeout's cuts of the connections of a burst 9 ms
-// before made the second silence look part of a restart, and a third was
-// needed besides (property seed 19: silences after 22 answers at 342, 442
-// and 542 ms, the limit learned at the third and 953 ignored queries evicted
-// then, p99 677 ms against the model's 140).
-func (p *Pool) limitSilent(served int) int32 {
-	if served < 2 {
-		return 0
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.learned.limit.learn(served)
-}
-
-// silenceAlike records c's silence after served answers and reports whether
-// another connection's last silence came after as many.
-func (p *Pool) silenceAlike(c *conn, served int) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	l := &p.learned.limit
-	if l.silentConn == c {
-		return l.silentAlike
-	}
-	l.silentAlike = l.silentConn != nil && alike(served, int(l.silentServed.Load()))
-	l.silentConn = c
-	l.silentServed.Store(int64(served))
-	return l.silentAlike
-}
-
 // A connection's side of the limit: draining at it, and what its silence and
 // its cut teach.
 
@@ -496,14 +432,4 @@ func (c *conn) evictBeyondLocked(limit int, now int64) {
 // seed 41: p99 473 ms against the model's 355). c.mu must be held.
 func (c *conn) cutConfirmsLocked(reason CloseReason, ignored int) bool {
 	return reason == CloseServer && c.silentAt > 0 && c.served >= c.silentAt && ignored > 0
-}
-
-// markSilent records that c fell silent after served answers (see
-// learnSilence).
-func (c *conn) markSilent(served int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.silentAt == 0 {
-		c.silentAt = served
-	}
 }
