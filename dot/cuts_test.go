@@ -477,6 +477,54 @@ func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
 	}
 }
 
+// A limit learned from a cut after 34 answers is 33 (learn's margin), but
+// the server served 34 on a connection: a connection that wrote its 34th
+// query when the limit came keeps it, and only a query past 34 goes
+// elsewhere. Evicted at 33, each such 34th query was replayed on a
+// connection dialled for it while the server still answered it on the old
+// one, which stayed open for that answer: a connection more for each, all at
+// once, as the pool's connections reached the limit together (steady
+// property seed 3: a limit of 34, 59 connections, 8 replays at the
+// learning; the pool held 62-76 connections at once against forward's 61).
+func TestLearnedLimitKeepsTheQueriesItsCutServed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const cutAfter = 34
+		c := newBareConn(t, 64)
+		p := c.pool
+		p.conns.Store(&[]*conn{c})
+		calls := make([]*call, cutAfter+1)
+		for i := range calls {
+			calls[i] = newTestCall(mustPrepare(t, fmt.Sprintf("q%d.example.", i)))
+			if !c.register(calls[i]) {
+				t.Fatalf("register %d failed", i)
+			}
+			<-c.writeq
+			calls[i].seq = uint32(i + 1)
+			calls[i].state.Store(callSent)
+		}
+		limit := p.learned.limit.learn(cutAfter)
+		if limit != cutAfter-1 {
+			t.Fatalf("Learned %d from a cut after %d answers, want %d", limit, cutAfter, cutAfter-1)
+		}
+		p.applyLimit(limit)
+		for i, cl := range calls {
+			select {
+			case r := <-cl.resp:
+				if i < cutAfter {
+					t.Errorf("Query %d of %d, within the %d answers the cut came after, ended with %v: want it left for its answer", i+1, len(calls), cutAfter, r.err)
+				}
+			default:
+				if i >= cutAfter {
+					t.Errorf("Query %d, past the %d answers the cut came after, was not sent elsewhere", i+1, cutAfter)
+				}
+			}
+		}
+		if a := c.avail(); a.takes() {
+			t.Errorf("The connection is %v after the limit, want it taking no more queries", a)
+		}
+	})
+}
+
 // A connection drained at the learned query limit holds only queries its
 // server will answer before its cut: one of them that is merely slow (here
 // 800 ms, against drainQuiet's 500 ms) is waited for, as forward waits, not

@@ -221,14 +221,15 @@ func refutesLimit(most, served int) bool { return most > served+1 }
 // later, written three times (TestRegimeQueryLimitSlowTail's warm-up, once
 // out of order was learned from answers that overtook slow ones: the limit
 // taught by a second silence at 104.5 ms moved the queries of four
-// connections in turn; 6 runs of 100).
+// connections in turn; 6 runs of 100). Only the queries past the answers
+// the teaching cut came after (taughtBy) move: see setQueryLimit.
 func (p *Pool) applyLimit(limit int32) {
 	conns := *p.conns.Load()
 	for _, c := range conns {
 		c.takeUpTo(int(limit))
 	}
 	for _, c := range conns {
-		c.setQueryLimit(int(limit))
+		c.setQueryLimit(int(limit), taughtBy(int(limit)))
 	}
 }
 
@@ -382,11 +383,17 @@ func (c *conn) takeUpTo(limit int) {
 	}
 }
 
-// setQueryLimit applies a newly learned query limit to an open connection.
-// The calls it holds beyond the limit are sent again elsewhere now: the server
-// ignores them (or cuts the connection before answering them), and left in
-// place they would wait for its cut, which comes after its slowest answer.
-func (c *conn) setQueryLimit(limit int) {
+// setQueryLimit applies a newly learned query limit to an open connection,
+// whose server was seen to serve served queries on one (the cut or the
+// silence that taught it). The calls it holds beyond served are sent again
+// elsewhere now: the server ignores them (or cuts the connection before
+// answering them), and left in place they would wait for its cut, which
+// comes after its slowest answer. Those between the limit and served stay:
+// the limit's margin (see learn) is for the queries to come, and the server
+// answers these before its cut. Sent elsewhere too, each was answered twice,
+// and its replay dialled a connection while the old one stayed open for the
+// answer (TestLearnedLimitKeepsTheQueriesItsCutServed).
+func (c *conn) setQueryLimit(limit, served int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state == stateClosed {
@@ -394,8 +401,8 @@ func (c *conn) setQueryLimit(limit int) {
 	}
 	c.queryLimit = limit
 	c.checkQueryLimitLocked()
-	if c.accepted > limit {
-		c.evictBeyondLocked(limit, nanotime())
+	if c.accepted > served {
+		c.evictBeyondLocked(served, nanotime())
 	}
 }
 

@@ -158,14 +158,14 @@ const (
 func (p *Pool) learnSilence(c *conn, served int) {
 	c.markSilent(served)
 	if p.probing(c) || !p.silenceAlike(c, served) {
-		c.setQueryLimit(served)
+		c.setQueryLimit(served, served)
 		return
 	}
 	if limit := p.limitSilent(served); limit != 0 {
 		p.applyLimit(limit)
 		return
 	}
-	c.setQueryLimit(served)
+	c.setQueryLimit(served, served)
 }
 
 // limitSilent learns the limit two like silences show. Not through limitCut:
