@@ -506,7 +506,7 @@ func TestLearnedLimitKeepsTheQueriesItsCutServed(t *testing.T) {
 		if limit != cutAfter-1 {
 			t.Fatalf("Learned %d from a cut after %d answers, want %d", limit, cutAfter, cutAfter-1)
 		}
-		p.applyLimit(limit)
+		p.applyLimit(limit, cutAfter)
 		for i, cl := range calls {
 			select {
 			case r := <-cl.resp:
@@ -641,7 +641,7 @@ func TestLimitedConnectionsUsedUpOneAfterAnother(t *testing.T) {
 		learnInOrder(t, p, 5*time.Millisecond)
 		// The limit, as a busy connection's cut teaches it: in order, the
 		// server cuts connections with nothing outstanding, which teach none.
-		p.applyLimit(p.learned.limit.learn(limit))
+		p.applyLimit(p.learned.limit.learn(limit), limit)
 		burst(12) // the pool keeps at least these
 		if open := len(*p.conns.Load()); open < 8 {
 			t.Fatalf("%d connections open before the steady load, want 8 or more", open)

@@ -177,7 +177,7 @@ func (p *Pool) learnLimit(reason CloseReason, served, outstanding int, atAnswer 
 		return
 	}
 	if limit := p.limitCut(served, p.mostServed(), outstanding > 0, atAnswer, nanotime()); limit != 0 {
-		p.applyLimit(limit)
+		p.applyLimit(limit, served)
 	}
 }
 
@@ -221,15 +221,16 @@ func refutesLimit(most, served int) bool { return most > served+1 }
 // later, written three times (TestRegimeQueryLimitSlowTail's warm-up, once
 // out of order was learned from answers that overtook slow ones: the limit
 // taught by a second silence at 104.5 ms moved the queries of four
-// connections in turn; 6 runs of 100). Only the queries past the answers
-// the teaching cut came after (taughtBy) move: see setQueryLimit.
-func (p *Pool) applyLimit(limit int32) {
+// connections in turn; 6 runs of 100). Only the queries past served, the
+// answers the cut or silence that taught it came after, move: see
+// setQueryLimit.
+func (p *Pool) applyLimit(limit int32, served int) {
 	conns := *p.conns.Load()
 	for _, c := range conns {
 		c.takeUpTo(int(limit))
 	}
 	for _, c := range conns {
-		c.setQueryLimit(int(limit), taughtBy(int(limit)))
+		c.setQueryLimit(int(limit), served)
 	}
 }
 

@@ -162,7 +162,7 @@ func (p *Pool) learnSilence(c *conn, served int) {
 		return
 	}
 	if limit := p.limitSilent(served); limit != 0 {
-		p.applyLimit(limit)
+		p.applyLimit(limit, served)
 		return
 	}
 	c.setQueryLimit(served, served)
