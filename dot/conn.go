@@ -55,6 +55,7 @@ type conn struct {
 	answered   int           // guarded by mu: answers delivered on this connection
 	served     int           // guarded by mu: answers to its calls, late ones included (what the server served)
 	lastServed uint32        // guarded by mu: the highest write order (call.seq) the server served
+	answerAt   int64         // guarded by mu: unix ns of the last answer the server served (see idledBeforeCutLocked)
 	accepted   int           // guarded by mu: calls ever registered on this connection
 	idleBefore int64         // guarded by mu: ns the connection sat idle before the first of its outstanding calls (see closeFor)
 	queryLimit int           // guarded by mu: drain after this many calls (learned from the server); 0: none
@@ -407,6 +408,7 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 	// failure of the upstream.
 	idleRace := reason == CloseServer && c.idleBefore >= int64(idleRaceAfter)
 	confirms := c.cutConfirmsLocked(reason, ignored)
+	idled := c.idledBeforeCutLocked()
 	life := connLife{answered: answered, accepted: c.accepted, age: time.Duration(nanotime() - c.born),
 		serverIdle: time.Duration(c.pool.serverIdle.Load()), idleRace: idleRace}
 	c.mu.Unlock()
@@ -430,9 +432,11 @@ func (c *conn) closeFor(cause error, reason CloseReason) {
 		// 2 s; two such cuts after 8 and 7 answers taught a limit of 6, and
 		// every connection was then closed after six queries: some 3,400
 		// handshakes in 15 s, and under load a quarter of the queries
-		// unanswered (make bench-regimes, dnsdist-slow).
+		// unanswered (make bench-regimes, dnsdist-slow). Nor, whatever
+		// the idle spell, one whose queries went out after it sat idle
+		// past answerCutWithin from its last answer (idledBeforeCutLocked).
 		busy := len(live)
-		if !wasOpen || idleRace {
+		if !wasOpen || idleRace || idled {
 			busy = 0
 		}
 		if confirms {

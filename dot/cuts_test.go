@@ -592,6 +592,43 @@ func TestIdleTimeoutRaceTeachesNoLimit(t *testing.T) {
 	})
 }
 
+// A server that closes connections idle for 30 ms, and does not tell it (no
+// keepalive): a connection that served 20 answers, one query at a time, then
+// sat idle 45 ms is cut as its next query comes, with that query
+// outstanding. That is its idle timer, not a query limit, which would have
+// cut it at its 20th answer, and teaches none; taken for a limit's busy cut
+// (after 16 answers or more, one teaches), it taught 19, and the next 20
+// queries took 5 handshakes where 1 serves them. Idle 45 ms is under
+// idleRaceAfter, which the idle timeout's race was told by.
+func TestIdleTimerCutAfterManyAnswersTeachesNoLimit(t *testing.T) {
+	const idle = 30 * time.Millisecond
+	for _, inOrder := range []bool{true, false} {
+		t.Run(fmt.Sprintf("inOrder=%v", inOrder), func(t *testing.T) {
+			bubble(t, dottest.Options{InOrder: inOrder, IdleCut: idle}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+				n := 0
+				serve := func(k int) {
+					for range k {
+						n++
+						if _, err := exchange(p, fmt.Sprintf("q%d.example.", n)); err != nil {
+							t.Fatalf("Query %d: %v", n, err)
+						}
+					}
+				}
+				serve(20)
+				time.Sleep(idle + idle/2) // the connection idles past the server's timeout
+				before := s.Handshakes()
+				serve(20) // the first is cut, replayed on a new connection, which serves all twenty
+				if l := p.learned.limit.get(); l != 0 {
+					t.Errorf("Learned query limit %d from an idle-timer cut after 20 answers, want none", l)
+				}
+				if h := s.Handshakes() - before; h != 1 {
+					t.Errorf("%d handshakes for the 20 queries after the cut, want 1 (the cut connection's successor)", h)
+				}
+			})
+		})
+	}
+}
+
 // The connections an in-order pool keeps for the load of the last few
 // seconds (keepInOrder) stay in use, each in turn, so that a server that
 // closes idle connections finds none idle: taken always oldest first, those

@@ -373,6 +373,23 @@ func (c *conn) checkQueryLimitLocked() {
 	}
 }
 
+// idledBeforeCutLocked reports whether the queries c holds went out after it
+// had sat with nothing outstanding for more than answerCutWithin since its
+// last answer: a server's cut of it then is no query limit's, which cuts a
+// connection at the answer that uses it up, before a query that comes that
+// much later, but its idle timer's (or a restart's), and teaches no limit
+// (a busy cut after 16 answers or more teaches one alone). idleRaceAfter
+// (100 ms, on the coarse clock) took a server that closes connections idle
+// for less for a limit: one idle 30 ms after 20 answers, the query that came
+// then cut, taught a limit of 19, and the next 20 queries took 4 handshakes
+// more (TestIdleTimerCutAfterManyAnswersTeachesNoLimit). Queries written
+// before the last answer, or within answerCutWithin of it (a query that
+// went out as the cut came: the limit's busy cut of a connection taking
+// one query at a time), are still caught by a limit's cut. c.mu must be held.
+func (c *conn) idledBeforeCutLocked() bool {
+	return c.answerAt != 0 && c.busyAt.Load()-c.answerAt > int64(answerCutWithin)
+}
+
 // takeUpTo makes an open connection take no query past limit (see
 // applyLimit), leaving those it holds past it where they are.
 func (c *conn) takeUpTo(limit int) {

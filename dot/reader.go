@@ -91,6 +91,7 @@ func (c *conn) dispatch(frame []byte) {
 	if served {
 		now := c.bc.arrival()
 		c.served++
+		c.answerAt = now
 		c.pool.learned.limit.noteServed(c.served)
 		if cl.seq > c.lastServed {
 			c.lastServed = cl.seq
