@@ -83,8 +83,17 @@ type evidence struct {
 const serialGap = time.Millisecond
 
 // sideWait: a busy answer counts as side by side (see evidence.side) only
-// if it came within this many usual answer times of its write.
-const sideWait = 2
+// if it came within this many usual answer times of its write. In order, a
+// call written within sideSend (a quarter of the usual time) after the one
+// before is answered a service time after that one, 1.75 usual times or
+// more after its own write: with 2 here, an in-order upstream's two answers
+// read together late (this process off the CPU for a service time: one read,
+// one arrival, no gap between them) counted as side by side, and
+// minSideEvidence such reads learned an in-order upstream out of order (one query
+// a connection becomes up to MaxInflight on few). Side by side, the
+// call is answered in about its own answer time, read together with the one
+// before or not (TestAnswersReadLateShowNoSideBySide).
+const sideWait = 1.5
 
 // note records the answer to the call written seq-th on the connection, sent at
 // sentAt (0 if unknown), arriving at now; delivered if its caller was still
@@ -161,7 +170,7 @@ func (l *answerLog) noteBusy(gap, sendGap, wait int64) {
 		sendGap = 0
 	}
 	excess := gap - max(sendGap, 0)
-	side := l.sideSend > 0 && sendGap < l.sideSend && excess < int64(serialGap) && wait+gap <= sideWait*l.usual
+	side := l.sideSend > 0 && sendGap < l.sideSend && excess < int64(serialGap) && float64(wait+gap) <= sideWait*float64(l.usual)
 	if l.sideOnly {
 		if side {
 			l.busy++

@@ -620,3 +620,35 @@ func cutsAtAnswer(p *Pool, n, answers int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// An in-order upstream's answers read late, together (this process off the
+// CPU for a service time: one read, one arrival), show nothing side by side:
+// an order check written 5 ms after a call, while the upstream is slow (30
+// ms) and unknown, was served a service time after that one, 55 ms after its
+// write, and read with it. Within sideWait 2 usual times, three such reads
+// taught an in-order upstream out of order. Served beside the call, as an
+// upstream serving in turns answers a connection's calls together, the check
+// still shows side by side, read with the call or apart from it.
+func TestAnswersReadLateShowNoSideBySide(t *testing.T) {
+	ms := int64(time.Millisecond)
+	l := answerLog{sideSend: 30 * ms / 4, usual: 30 * ms, sideOnly: true}
+	seq := uint32(0)
+	pair := func(at, first, check int64) {
+		seq += 2
+		l.note(seq-1, at, at+first, true)
+		l.note(seq, at+5*ms, at+check, true)
+	}
+	for i := range int64(3) {
+		pair(1000*ms*(i+1), 61*ms, 61*ms) // served at 30 and 60 ms, both read at 61
+	}
+	if st := l.collect(); st.side != 0 {
+		t.Errorf("In order, read together: evidence %+v, want none side by side", st.evidence)
+	}
+	for i := range int64(3) {
+		pair(10000*ms*(i+1), 30*ms, 30*ms)         // served together, in one read
+		pair(10000*ms*(i+1)+5000*ms, 30*ms, 35*ms) // each its answer time after its write
+	}
+	if st := l.collect(); st.side != 6 {
+		t.Errorf("Side by side: evidence %+v, want 6 side by side", st.evidence)
+	}
+}

@@ -29,3 +29,35 @@ func TestWaitersTakeConnectionsInTheirOrder(t *testing.T) {
 		checkOutcomes(t, out, func(string) time.Duration { return handshake + service + time.Millisecond })
 	})
 }
+
+// A waiter takes a connection it saw idle only while it still is. Here
+// another query is on the connection, its load not stored yet (the instant
+// inside that query's register, as when waiters woken by a dial's end race
+// for it): the waiter, first in the order, does not go behind it but looks
+// again and returns none, to wait for its own dial. A query that has not
+// waited still takes it: a fast upstream's picks race so all the time, and
+// failing their registers made them dial.
+func TestWaiterTakesOnlyAConnectionStillIdle(t *testing.T) {
+	c := newBareConn(t, 64)
+	p := c.pool
+	p.noOrderChecks.Store(true)
+	conns := []*conn{c}
+	p.mu.Lock()
+	p.conns.Store(&conns)
+	p.mu.Unlock()
+	c.mu.Lock()
+	c.calls.put(newTestCall(mustPrepare(t, "other.example."))) // registered, load still 0
+	c.mu.Unlock()
+	waiter := newTestCall(mustPrepare(t, "waiter.example."))
+	waiter.burstStart = true // not one waiting for the first connection's burst
+	p.enterOrder(waiter)
+	if got := p.pickIdle(waiter); got != nil {
+		t.Errorf("A waiter went on a connection another query had taken since it looked")
+	}
+	p.leaveOrder(waiter)
+	fresh := newTestCall(mustPrepare(t, "fresh.example."))
+	fresh.burstStart = true
+	if got := p.pickIdle(fresh); got != c {
+		t.Errorf("A query that has not waited did not take the connection it saw idle (got %v)", got)
+	}
+}

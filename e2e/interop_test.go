@@ -176,6 +176,33 @@ func requireRecordVerdict(t *testing.T, f *front, upstream, verdict string) {
 	}
 }
 
+// requireNoneLeftUnread checks that no query a server left unread waited
+// out read_timeout and was replayed: none may time out, and a replay is
+// allowed only where the server closed a connection (it is then the right
+// thing: RFC 7766 §6.2.4). dnsdist 1.7.3 with OpenSSL 3 closes one at times
+// under load: a client that gives up a TLS handshake (the pool drops a
+// surplus dial, see dot's dropSurplusDials) leaves an error in the OpenSSL
+// error queue of the dnsdist thread that handled it, and that thread's next
+// read on another connection fails on it ("shutdown while in init", with the
+// first one's thread ID) and closes that connection, a query read and
+// relayed. Traced with dnsdist -v in 4 failing runs of 20 on a loaded
+// machine (1 replay each), the only query left unanswered was on the
+// connection so closed, right after a dial the pool gave up on that thread.
+func requireNoneLeftUnread(t *testing.T, text, upstream string) {
+	t.Helper()
+	to := label("to", upstream)
+	timeouts, _ := metricSum(text, "coredns_dotforward_timeouts_total", to)
+	replays, _ := metricSum(text, "coredns_dotforward_replays_total", to)
+	cut, _ := metricSum(text, "coredns_dotforward_conn_closes_total", to, label("reason", "server_close"))
+	if timeouts != 0 || replays != 0 && cut == 0 {
+		t.Errorf("%v timeouts and %v replays with %v connections the server closed, want no timeout and no replay but of a closed connection's queries; what the pool counted:\n%s",
+			timeouts, replays, cut, poolCounts(text))
+	}
+	if replays != 0 {
+		t.Logf("%v queries replayed after the server closed %v connections", replays, cut)
+	}
+}
+
 // TestServersBursts sends bursts of concurrent queries into an idle front, the
 // pattern where dotforward coalesces many queries into shared TLS records. Every
 // query must be answered correctly; the slowest answer per burst is logged.
@@ -194,14 +221,7 @@ func TestServersBursts(t *testing.T) {
 				slowest = append(slowest, time.Since(start).Round(time.Millisecond))
 			}
 			t.Logf("%s: %d bursts of %d, each burst complete after %v", k.name, bursts, size, slowest)
-			// A query the server left unread would have waited out read_timeout
-			// and been replayed: neither may have happened.
-			text := scrape(t, f.metrics)
-			for _, m := range []string{"coredns_dotforward_timeouts_total", "coredns_dotforward_replays_total"} {
-				if n, _ := metricSum(text, m, label("to", s.addr)); n != 0 {
-					t.Errorf("%s = %v, want 0", m, n)
-				}
-			}
+			requireNoneLeftUnread(t, scrape(t, f.metrics), s.addr)
 		})
 	}
 }
