@@ -57,6 +57,44 @@ func (c *conn) sweep(now int64, idle time.Duration) (expiry int64) {
 	return expiry
 }
 
+// expireCalls is sweep's timeouts alone (see expire): it gives up c's live
+// calls past their deadline and, if it gave up any, closes c if what is left
+// calls for it (closeCauseLocked: in the seeds, every query given up). It
+// returns the earliest deadline of the live calls left (MaxInt64: none).
+func (c *conn) expireCalls(now int64) int64 {
+	c.mu.Lock()
+	if c.state == stateClosed {
+		c.mu.Unlock()
+		return math.MaxInt64
+	}
+	expired, oldest, next, expiry := c.timeoutsLocked(now)
+	if len(expired) == 0 {
+		c.mu.Unlock()
+		return expiry
+	}
+	v := c.closeCauseLocked(now, oldest, next, 0)
+	c.mu.Unlock()
+	for _, cl := range expired {
+		c.pool.obs.TimedOut()
+		cl.complete(result{err: ErrTimeout})
+	}
+	if v.reason >= 0 {
+		c.closeFor(v.cause, v.reason)
+	}
+	c.pool.slotFreed()
+	return expiry
+}
+
+// expireAll is expireCalls on every connection; it returns the earliest
+// deadline of a live call left (MaxInt64: none).
+func (p *Pool) expireAll(now int64, conns []*conn) int64 {
+	expiry := int64(math.MaxInt64)
+	for _, c := range conns {
+		expiry = min(expiry, c.expireCalls(now))
+	}
+	return expiry
+}
+
 // collect returns and clears what c's answers said of the upstream since the
 // last collect (see answerLog); from now on answer times count at most alone
 // for queries alone on the connection, mean for the mean.
@@ -245,7 +283,7 @@ func (p *Pool) sweepLoop() {
 			next = now + int64(full)
 			expiry = p.sweepAll(now, conns)
 		} else if now >= expiry {
-			expiry = p.sweepAll(now, conns) // see expire
+			expiry = p.expireAll(now, conns) // see expire
 		} else if busy {
 			p.watchSilence(now, conns)
 		}
@@ -311,9 +349,9 @@ const minWatchInterval = minRescueDelay / 4
 
 // expire shortens the sweeper's next tick, d from now, to come at expiry, the
 // earliest deadline of a live call at the last sweep, if that is sooner: there
-// the connections are swept again (not learnt from nor sized: that is the full
-// sweep's), and a call past its read timeout is given up then, as forward's
-// read deadline gives up its query, not up to a sweepInterval later. Its
+// the calls past their deadline are given up (expireAll; nothing else of the
+// full sweep is done), as forward's read deadline gives up its query, not up
+// to a sweepInterval later. Its
 // connection, left with nothing live, closes then too (rescuedOnlyLocked), as
 // forward closes one on its read timeout: kept open the rest of the interval,
 // it was one connection more than forward's while the load dialled (property
