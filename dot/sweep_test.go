@@ -163,3 +163,49 @@ func TestSlowAnswersAfterASlowNameAreNoStall(t *testing.T) {
 		}
 	})
 }
+
+// A query past its read timeout is given up at its deadline, as forward's read
+// deadline gives up its query, and its connection, with nothing live left, is
+// closed then too: not at the next full sweep, up to a sweepInterval (here
+// 100 ms) later, while a load that dialled meanwhile counted it open
+// (property seeds 562 and 568: one connection over forward's). The upstream is
+// slow (20 ms: while the mode is unknown, a connection whose every query was
+// given up is closed, see rescuedOnlyLocked) and never answers the query; it
+// is written while another query is out, so that the sweeper's ticks run on
+// from that one's, not from its own write.
+func TestTimeoutAtItsDeadline(t *testing.T) {
+	const readTimeout = 2 * time.Second
+	opts := dottest.Options{
+		Drop: func(q dns.Question) bool { return strings.HasPrefix(q.Name, "void.") },
+		Delay: func(q dns.Question) time.Duration {
+			if strings.HasPrefix(q.Name, "held.") {
+				return 100 * time.Millisecond
+			}
+			return 20 * time.Millisecond
+		},
+	}
+	bubble(t, opts, time.Millisecond, func(c *Config) { c.ReadTimeout = readTimeout }, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if p.sweepInterval() != 100*time.Millisecond {
+			t.Fatalf("sweepInterval %v, want 100ms", p.sweepInterval())
+		}
+		if _, err := exchange(p, "warm.example."); err != nil {
+			t.Fatal(err)
+		}
+		held := offerFor(p, 1, 0, func(int) string { return "held.example." })
+		time.Sleep(37 * time.Millisecond)
+		start := time.Now()
+		_, err := exchange(p, "void.example.")
+		took := time.Since(start)
+		if !errors.Is(err, ErrTimeout) {
+			t.Fatalf("Exchange error = %v, want ErrTimeout", err)
+		}
+		synctest.Wait()
+		if want := readTimeout + time.Millisecond + minWatchInterval; took > want {
+			t.Errorf("Timed out after %v, want at most %v (a dial and the read timeout)", took, want)
+		}
+		if c := p.Stats().Conns; c != 1 {
+			t.Errorf("%d connections open when the query timed out, want 1 (the held query's)", c)
+		}
+		checkOutcomes(t, held(), func(string) time.Duration { return 200 * time.Millisecond })
+	})
+}

@@ -59,9 +59,11 @@ func TestInOrderWaiterTakesConnectionFreeingSoon(t *testing.T) {
 
 // The same query, when the connection due to free is slow after all, waits
 // no more than its dial and its own answer: it dialled at once. Betting on
-// that connection for a dial's time first, it waited two handshakes.
+// that connection for a dial's time first, it waited two handshakes. The slow
+// answer comes within the read timeout (2 s, kept to the deadline since
+// expire): at 2 s it came after it, and timed out as forward's would.
 func TestInOrderWaiterDialsWhenDueConnectionIsSlow(t *testing.T) {
-	const service, handshake, slow = 10 * time.Millisecond, 40 * time.Millisecond, 2 * time.Second
+	const service, handshake, slow = 10 * time.Millisecond, 40 * time.Millisecond, time.Second
 	delay := func(q dns.Question) time.Duration {
 		if q.Name == "busy0.example." {
 			return slow
