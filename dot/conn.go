@@ -30,7 +30,6 @@ type conn struct {
 	writeq chan *call    // cap MaxInflight; sends never block (see register)
 	done   chan struct{} // closed when the connection is closed
 	born   int64         // unix ns
-	cold   bool          // dialled before the pool's first answer (see coldFirst); set before it is published, read-only after
 
 	load      atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
 	taken     atomic.Int32 // accepted, for pick's lock-free read (see call.within); written under mu

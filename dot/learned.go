@@ -116,7 +116,10 @@ type serveMode struct {
 	// written before it on its connection (see Pool.queueDepth)
 	spacing atomic.Int64
 	rescue  atomic.Bool // rescues won lately: a hint of in-order before the evidence suffices
-	waits   atomic.Bool // answers or rescues showed queries waiting behind others lately (see rescue.go)
+	// spreadless: gainless is set (a query a connection was left as
+	// sparing no wait), for the hot path (see dearQueue)
+	spreadless atomic.Bool
+	waits      atomic.Bool // answers or rescues showed queries waiting behind others lately (see rescue.go)
 	// firstOnly: usual is the pool's first answer time alone (reader.go),
 	// which the first sweep's average replaces rather than joins: one slow
 	// first answer (a cold cache upstream) is not the usual time
@@ -234,6 +237,7 @@ func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 		m.acc, m.crowded, m.sideSlow = evidence{}, 0, 0
 	}
 	m.mode.Store(int32(next))
+	m.spreadless.Store(m.gainless != 0)
 	m.rescue.Store(m.acc.rescued >= 0.5)
 	m.waits.Store(m.acc.rescued >= 0.5 || m.acc.queued >= 0.5)
 	m.slowKept.Store(int64(m.acc.busySlow * 7 / 8 * 1000))
