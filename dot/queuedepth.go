@@ -35,7 +35,10 @@ package dot
 // what the mode is learned from (in order: slow gaps, waited answers; out of
 // order: inversions). A pool that dialled for every second query learned
 // neither, and held twice the connections of an upstream whose one CPU serves
-// every connection in turn (TestRegimeBusyTurnsUpstream). Nor while the
+// every connection in turn (TestRegimeBusyTurnsUpstream). There, and until
+// the spacing is timed, the oldest connection alone holds a queue of
+// minQueueDepth where the upstream is fast but a queue costs about a dial
+// or more (dearQueue); elsewhere no bound. Nor while the
 // upstream as a whole read nothing for two answer times (and two ticks, see
 // servingAt): it paused, and more connections would not shorten the pause
 // (TestPausingUpstreamKeepsFewConnections). Until the first answer and the
