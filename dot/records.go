@@ -120,7 +120,7 @@ func (c *conn) trialVerdict(first, second *call, start time.Time) verdict {
 		case <-t.C:
 			return verdictOwn
 		case <-c.trialStop:
-			return verdictNone
+			return verdictStopped
 		case <-c.done:
 			return verdictNone
 		}
@@ -136,7 +136,7 @@ func (c *conn) trialVerdict(first, second *call, start time.Time) verdict {
 // when every connection was blocked at the cap), and after a move per
 // connection the cap allows failed as lost: 12 of 37 queries of property
 // seed 97 in a stall, where forward answered them. Another trial runs on a
-// later batch.
+// batch ownTTL later (verdictStopped).
 func (c *conn) stopTrial() {
 	select {
 	case c.trialStop <- struct{}{}:

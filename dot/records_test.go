@@ -158,8 +158,9 @@ func TestTrialEndsOnAnswersNobodyWaitsFor(t *testing.T) {
 // A record trial ends without a verdict when the sweeper finds its
 // connection blocked behind a slow answer (a stall): the trial's answers wait
 // for that one, and its hold would keep the queries put on the connection
-// unwritten until trialTimeout. Without stopTrial the next query here took
-// trialTimeout (250 ms) and the stall was reported as "one per record".
+// unwritten until trialTimeout; the next trial waits ownTTL. Without
+// stopTrial the next query here took trialTimeout (250 ms) and the stall
+// was reported as "one per record".
 func TestTrialEndsWhenItsConnectionIsBlocked(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const stall = time.Second
@@ -185,6 +186,9 @@ func TestTrialEndsWhenItsConnectionIsBlocked(t *testing.T) {
 		}
 		if v := verdicts(rec); len(v) != 0 {
 			t.Errorf("Verdicts reported = %v, want none: a stall tells nothing of how records are read", v)
+		}
+		if p.startTrial() {
+			t.Error("A trial started again at once: in the same stall it would hold the writes again")
 		}
 	})
 }
