@@ -18,7 +18,7 @@ type answerLog struct {
 	meanCeiling  int64  // likewise for the mean answer time: what it measures is how long most queries wait
 	usual        int64  // the pool's usual answer time, as the reader last read it (0: none yet): what waited measures against (see waitedBehind)
 	sideOnly     bool   // the answer being noted is an order check's, the upstream slow and unknown as it came: it counts only if side by side (see noteBusy)
-	fedOne       bool   // the pool kept one query waiting on its oldest connection as the answer came (coldFirst): see servedAfter
+	fedOne       bool   // the pool kept one query waiting on its oldest connection as the answer came (queueOnOldest): see servedAfter
 	others       int    // the calls outstanding on the connection besides the one answered, as the reader last counted them (see orderWeight)
 	// overtook: the latest-written call whose answer was counted as an
 	// inversion for overtaking calls written before it (conn.overtookLocked):
@@ -247,7 +247,7 @@ func (l *answerLog) waitedBehind(gap, sendGap, wait int64) bool {
 // this and waitedSuffices, learned at 55 ms).
 //
 // Where the pool keeps one query waiting on its oldest connection and gives
-// the rest idle connections (fedOne, see coldFirst), each waiting query is
+// the rest idle connections (fedOne, see queueOnOldest), each waiting query is
 // written right after the answer before it, so the send gaps are the service
 // gaps, which the rule above takes for two slow answers side by side. Such
 // an answer counts if it took seven quarters of the usual time or more in

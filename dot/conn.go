@@ -27,10 +27,12 @@ type conn struct {
 	bufs   *connBufs     // the buffers above, given back by loopDone
 	exited atomic.Int32  // of the two goroutines (see loopDone)
 	trialc chan *call    // cap 2: the reader reports answers to record trial queries to the writer
-	writeq chan *call    // cap MaxInflight; sends never block (see register)
-	done   chan struct{} // closed when the connection is closed
-	born   int64         // unix ns
-	cold   bool          // dialled before the pool's first answer (see coldFirst); set before it is published, read-only after
+	// trialStop (cap 1): the sweeper tells a record trial holding the
+	// writer that the connection is blocked (see stopTrial).
+	trialStop chan struct{}
+	writeq    chan *call    // cap MaxInflight; sends never block (see register)
+	done      chan struct{} // closed when the connection is closed
+	born      int64         // unix ns
 
 	load      atomic.Int32 // live calls + tombstones; written under mu, read lock-free to pick
 	taken     atomic.Int32 // accepted, for pick's lock-free read (see call.within); written under mu
@@ -89,6 +91,7 @@ func newConn(p *Pool, tc *tls.Conn, bc *batchConn) *conn {
 		bufs:       bufs,
 		writeq:     make(chan *call, p.cfg.MaxInflight),
 		trialc:     make(chan *call, 2),
+		trialStop:  make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		born:       now,
 		idle:       p.cfg.IdleTimeout,

@@ -35,8 +35,11 @@ func TestLearnedLimitEvictsQueriesBeyondIt(t *testing.T) {
 	// 22 in flight: the first connection fills with the slow query and the
 	// 21 its server ignores (the 21st to 41st), and the next queries go to
 	// a second one, whose cut after 20 answers teaches the limit.
+	// A handshake of 3 ms, three answers' time: with one shorter than two
+	// answers, a queue would cost as much as a dial (dearQueue), and the
+	// queries would go one to a connection until the mode is learned.
 	mod := func(c *Config) { c.MaxInflight = 22 }
-	bubble(t, opts, time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+	bubble(t, opts, 3*time.Millisecond, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		if _, err := exchange(p, "warm.example."); err != nil {
 			t.Fatal(err) // times the upstream: fast, so queries share connections
 		}

@@ -29,9 +29,11 @@
 //     yet timed, a connection for each query (slowUnknown), and before the
 //     first answer the bound that keeps a black hole cheap (untimedRoom).
 //   - queuedepth.go: while the mode is unknown, no connection queued deeper
-//     than a dial is worth (queueDepth), nor behind an answer overdue by a
-//     dial's time (overdueAfter), and the waiting queries that keep their
-//     own dials until that can be figured (awaitsItsDial).
+//     than a dial is worth (queueDepth; where a queue costs about a dial or
+//     more, the oldest connection alone holds one: dearQueue), nor behind an
+//     answer overdue by a dial's time (overdueAfter), and the waiting
+//     queries that keep their own dials until that can be figured
+//     (awaitsItsDial).
 //   - firstdial.go: before the first answer, which queries share the pool's
 //     first dial (its burst) and which dial their own, how many go on the
 //     first connection (firstDialShareMax), and the waiting queries owed a

@@ -23,16 +23,17 @@ const learnedTTL = 10 * time.Minute
 type verdict int32
 
 const (
-	verdictNone   verdict = iota // no verdict yet, or it expired: one query per record
-	verdictTrial                 // a connection is finding out: one query per record
-	verdictShared                // the upstream reads every query of a record
-	verdictOwn                   // it reads only the first until more bytes come: a record each
+	verdictNone    verdict = iota // no verdict yet, or it expired: one query per record
+	verdictTrial                  // a connection is finding out: one query per record
+	verdictShared                 // the upstream reads every query of a record
+	verdictOwn                    // it reads only the first until more bytes come: a record each
+	verdictStopped                // a trial was stopped by a block (see conn.stopTrial): one query per record, no trial for ownTTL
 )
 
 // recordVerdict holds the record verdict and when it expires, on the pool's clock.
 type recordVerdict struct {
 	v        atomic.Int32 // a verdict
-	until    atomic.Int64 // pool clock until which verdictShared or verdictOwn holds
+	until    atomic.Int64 // pool clock until which verdictShared, verdictOwn or verdictStopped holds
 	reported atomic.Int32 // the last verdict reported to the observer
 	ownRun   atomic.Int32 // verdictOwn verdicts in a row
 }
@@ -40,7 +41,7 @@ type recordVerdict struct {
 // get returns the verdict in force; an expired one is verdictNone.
 func (r *recordVerdict) get(now int64) verdict {
 	v := verdict(r.v.Load())
-	if (v == verdictShared || v == verdictOwn) && now > r.until.Load() {
+	if v >= verdictShared && now > r.until.Load() {
 		return verdictNone
 	}
 	return v
@@ -64,10 +65,18 @@ func (r *recordVerdict) end(v verdict, now int64) bool {
 		r.ownRun.Store(0)
 	case verdictOwn:
 		ttl = min(ownTTL<<min(r.ownRun.Add(1)-1, 10), learnedTTL)
+	case verdictStopped:
+		// No verdict, but no trial either for a while: one started
+		// again at once, in the same stall, held the writes again until
+		// the next block, tick after tick (TestLivenessInOrderMaxConns).
+		ttl = ownTTL
 	}
 	r.until.Store(now + int64(ttl))
 	r.v.Store(int32(v))
-	return v != verdictNone && verdict(r.reported.Swap(int32(v))) != v
+	if v == verdictNone || v == verdictStopped {
+		return false
+	}
+	return verdict(r.reported.Swap(int32(v))) != v
 }
 
 // Mode is how the upstream serves the queries of one connection, as the pool
@@ -116,7 +125,10 @@ type serveMode struct {
 	// written before it on its connection (see Pool.queueDepth)
 	spacing atomic.Int64
 	rescue  atomic.Bool // rescues won lately: a hint of in-order before the evidence suffices
-	waits   atomic.Bool // answers or rescues showed queries waiting behind others lately (see rescue.go)
+	// spreadless: gainless is set (a query a connection was left as
+	// sparing no wait), for the hot path (see dearQueue)
+	spreadless atomic.Bool
+	waits      atomic.Bool // answers or rescues showed queries waiting behind others lately (see rescue.go)
 	// firstOnly: usual is the pool's first answer time alone (reader.go),
 	// which the first sweep's average replaces rather than joins: one slow
 	// first answer (a cold cache upstream) is not the usual time
@@ -234,6 +246,7 @@ func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 		m.acc, m.crowded, m.sideSlow = evidence{}, 0, 0
 	}
 	m.mode.Store(int32(next))
+	m.spreadless.Store(m.gainless != 0)
 	m.rescue.Store(m.acc.rescued >= 0.5)
 	m.waits.Store(m.acc.rescued >= 0.5 || m.acc.queued >= 0.5)
 	m.slowKept.Store(int64(m.acc.busySlow * 7 / 8 * 1000))

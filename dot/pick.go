@@ -84,13 +84,12 @@ func (p *Pool) oneEach() bool {
 // room within it: the caller looks again without (see pick), so that reach
 // only spreads queries over the connections open, and opens none.
 func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
-	slots := int32(p.cfg.MaxInflight) // per connection
-	depth := p.queueDepth()           // the queries one is given: slots or fewer
-	after, now := p.overdueAfter()    // connections overdue take no more
-	coldFirst := p.coldFirst()        // an idle connection of the cold start before a queue
-	for range 3 {                     // losing the last slot to another caller: is retried on a fresh snapshot
+	slots := int32(p.cfg.MaxInflight)   // per connection
+	depth, oldestOnly := p.queueBound() // the queries one is given: slots or fewer; the oldest alone queues
+	after, now := p.overdueAfter()      // connections overdue take no more
+	for range 3 {                       // losing the last slot to another caller: is retried on a fresh snapshot
 		var best, quiet *conn
-		var idle *conn // the oldest idle connection of the cold start, if coldFirst
+		oldest := true // no connection that accepts cl was looked at yet
 		var load, quietLoad int32
 		within := depth            // best takes cl only while it holds fewer (see registerWithin)
 		near, more := false, false // best is near its end; every connection with room is quiet
@@ -105,20 +104,29 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			}
 			if depth < slots {
 				served = max(served, c.servedAt.Load())
+				if oldestOnly {
+					// A connection that took a query with none
+					// outstanding is served from then on: the
+					// load's first queries after an idle spell (see
+					// dearQueue) are no pause.
+					served = max(served, c.busyAt.Load())
+				}
 			}
 			if !c.accepts(a, cl) || cl.within != 0 && c.taken.Load() >= cl.within || reach != 0 && c.taken.Load() >= reach {
 				continue
 			}
 			l := c.load.Load()
-			if coldFirst && idle == nil && c.cold && a == availTaking && l == 0 {
-				idle = c
+			lim := depth
+			if oldestOnly && !oldest {
+				lim = 1 // see dearQueue: only the oldest holds a queue
 			}
+			oldest = false
 			switch {
 			case best != nil:
 				if a == availTaking && l == 0 {
 					spares++
 				}
-			case l >= depth:
+			case l >= lim:
 			case c.overdue(after, now):
 				overdue = true
 			case a != availQuiet:
@@ -126,11 +134,6 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
 				quiet, quietLoad = c, l
 			}
-		}
-		if best != nil && load >= minQueueDepth && idle != nil {
-			// See coldFirst: one query waits on the oldest, the
-			// rest go to the cold start's idle connections.
-			best, load, near = idle, 0, false
 		}
 		if best == nil && reach != 0 {
 			return nil

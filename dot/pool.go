@@ -33,7 +33,6 @@ type Pool struct {
 	shortfall     atomic.Int32            // from the sweeper: connections wanted and not open
 	arriving      atomic.Int32            // from the sweeper: queries that come in one dial's time (sizing.go)
 	turnover      atomic.Int32            // from the sweeper: queries that come in a dial's time or a usual answer time, the longer (see dropSurplusDials)
-	coldConns     atomic.Int32            // open connections whose dial started before the pool's first answer (conn.cold, see coldFirst); written under mu
 	oldestDial    atomic.Int64            // unix ns: the start of the oldest dial under way; 0: none (see dialWait)
 	waiterRuns    atomic.Int32            // dials under way for waiting queries, not dropped: written under mu (see dropSurplusDials)
 	warm          atomic.Int32            // from the sweeper: how many of the oldest connections an in-order pool keeps, taken in turn (see pickIdle)
@@ -49,6 +48,7 @@ type Pool struct {
 	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
 	closedReads   atomic.Int64            // frames read by the connections no longer in conns: the sweeper's read total goes on past their close (see sweep)
 	servingAt     atomic.Int64            // readsGrewAt, for the hot path (see queueDepth)
+	askedAt       atomic.Int64            // unix ns when a query went out with the sweeper idle (kickSweeper): the upstream read nothing before, asked nothing (see dearQueue)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
 	spellSamples  []spellSample           // sweeper only: rescueSpells' buffer, kept from sweep to sweep
@@ -133,7 +133,6 @@ func (p *Pool) dial(run *dialRun) {
 	defer p.wg.Done()
 	defer run.cancel()
 	start := time.Now()
-	cold := p.learned.mode.usual.Load() == 0
 	tc, bc, err := p.handshake(run.ctx)
 	if err == nil {
 		p.noteDialTime(time.Since(start))
@@ -175,10 +174,6 @@ func (p *Pool) dial(run *dialRun) {
 	}
 	p.fds.lift()
 	c := newConn(p, tc, bc)
-	c.cold = cold
-	if cold {
-		p.coldConns.Add(1)
-	}
 	conns := *p.conns.Load()
 	next := append(conns[:len(conns):len(conns)], c)
 	p.conns.Store(&next)
@@ -290,9 +285,6 @@ func (p *Pool) connClosed(c *conn, reason CloseReason, life connLife) {
 		}
 	}
 	p.conns.Store(&next)
-	if c.cold {
-		p.coldConns.Add(-1)
-	}
 	// After the store: the sweeper reads closedReads before the snapshot,
 	// so that a connection's reads are never counted twice, at worst a
 	// tick late.

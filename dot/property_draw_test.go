@@ -71,6 +71,7 @@ type offeredLoad struct {
 	arrivals []time.Duration // from the load's start, ascending
 	deadline time.Duration   // each query's, from its arrival (a client's or CoreDNS's timeout)
 	paced    bool            // arrivals evenly spaced (a paced load generator), not Poisson
+	heldFrom time.Duration   // from when the upstream samples the connections held (sampleHeld); 0: never
 }
 
 // drawLimits bound a drawn load; the flags of property_test.go raise them.

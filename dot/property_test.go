@@ -184,6 +184,7 @@ type loadOutcome struct {
 	lost     []string        // queries that hung, ended late, with an unknown error or a wrong answer
 	took     []time.Duration // of answered queries, sorted
 	peak     int             // the most connections open at once, as the upstream counted them
+	held     int             // the most open at a sample from the load's heldFrom on (0: none taken)
 	dials    int
 }
 
@@ -197,6 +198,9 @@ func (o loadOutcome) p99() time.Duration {
 func (o loadOutcome) String() string {
 	s := fmt.Sprintf("answered %d, p99 %v, peak %d connections (%d dials), failed %v, lost %d",
 		o.answered, o.p99(), o.peak, o.dials, o.failed, len(o.lost))
+	if o.held > 0 {
+		s += fmt.Sprintf(", held %d", o.held)
+	}
 	for i, l := range o.lost {
 		if i == 3 {
 			s += fmt.Sprintf("\n    ... and %d more", len(o.lost)-3)
@@ -237,6 +241,7 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 	synctest.Test(t, func(t *testing.T) {
 		up := newSimUpstream(t, b)
 		up.side = "pool"
+		up.sampleHeld(ld.heldFrom)
 		tlsCfg := up.cert.ClientTLS(dottest.ServerName)
 		tlsCfg.CurvePreferences = up.tls.CurvePreferences
 		cfg := Config{Addr: "127.0.0.1:853", TLS: tlsCfg,
@@ -256,7 +261,7 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 			return p.Exchange(ctx, m)
 		}, func() { p.Close() }, poolErrKind)
 		up.close()
-		o.peak, o.dials = up.stats()
+		o.peak, o.dials, o.held = up.stats()
 	})
 	return o
 }
@@ -269,12 +274,13 @@ func runForward(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 	synctest.Test(t, func(t *testing.T) {
 		up := newSimUpstream(t, b)
 		up.side = "forward"
+		up.sampleHeld(ld.heldFrom)
 		f := &forwardModel{up: up}
 		o = offerLoad(ld, propertySlack(b), func(_ context.Context, m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 			return f.exchange(m, deadline)
 		}, f.close, modelErrKind)
 		up.close()
-		o.peak, o.dials = up.stats()
+		o.peak, o.dials, o.held = up.stats()
 	})
 	if len(o.lost) > 0 {
 		t.Fatalf("The model of forward lost queries (a fault of the test): %v", o)

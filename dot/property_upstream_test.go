@@ -34,6 +34,8 @@ type simUpstream struct {
 	peak   int                   // guarded by mu: the most connections ever open at once
 	dials  int                   // guarded by mu
 	closed bool                  // guarded by mu
+	held   int                   // guarded by mu: the most connections open at a sample (see sampleHeld)
+	stop   chan struct{}         // closed by close: ends sampleHeld
 	side   string                // with -property.trace, whose upstream it is ("pool", "forward"): see traceOpen
 	wg     sync.WaitGroup
 }
@@ -52,7 +54,36 @@ func newSimUpstream(t *testing.T, b *behaviour) *simUpstream {
 		b: b, start: time.Now(), cert: cert, tls: cfg,
 		asked: map[string]int{},
 		conns: map[*simConn]struct{}{},
+		stop:  make(chan struct{}),
 	}
+}
+
+// heldEvery is how often sampleHeld samples the open connections.
+const heldEvery = 100 * time.Millisecond
+
+// sampleHeld samples the connections open every heldEvery from the load's
+// start plus from until close, as make bench samples an upstream's during
+// its measured run after a warm-up: what a pool holds, where the peak says
+// what it opened at its busiest moment. 0: no samples.
+func (u *simUpstream) sampleHeld(from time.Duration) {
+	if from == 0 {
+		return
+	}
+	u.wg.Go(func() {
+		t := time.NewTimer(from)
+		defer t.Stop()
+		for {
+			select {
+			case <-u.stop:
+				return
+			case <-t.C:
+			}
+			u.mu.Lock()
+			u.held = max(u.held, len(u.conns))
+			u.mu.Unlock()
+			t.Reset(heldEvery)
+		}
+	})
 }
 
 // since is the virtual time since the load's start.
@@ -105,17 +136,19 @@ func (u *simUpstream) drawJitter(name string) float64 {
 	return 2*r.Float64() - 1
 }
 
-// stats returns the peak of open connections and the dials.
-func (u *simUpstream) stats() (peak, dials int) {
+// stats returns the peak of open connections, the dials and the most open
+// at a sample (sampleHeld).
+func (u *simUpstream) stats() (peak, dials, held int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.peak, u.dials
+	return u.peak, u.dials, u.held
 }
 
 // close closes every connection and waits for their goroutines.
 func (u *simUpstream) close() {
 	u.mu.Lock()
 	u.closed = true
+	close(u.stop)
 	conns := make([]*simConn, 0, len(u.conns))
 	for sc := range u.conns {
 		conns = append(conns, sc)

@@ -35,7 +35,10 @@ package dot
 // what the mode is learned from (in order: slow gaps, waited answers; out of
 // order: inversions). A pool that dialled for every second query learned
 // neither, and held twice the connections of an upstream whose one CPU serves
-// every connection in turn (TestRegimeBusyTurnsUpstream). Nor while the
+// every connection in turn (TestRegimeBusyTurnsUpstream). There, and until
+// the spacing is timed, the oldest connection alone holds a queue of
+// minQueueDepth where the upstream is fast but a queue costs about a dial
+// or more (dearQueue); elsewhere no bound. Nor while the
 // upstream as a whole read nothing for two answer times (and two ticks, see
 // servingAt): it paused, and more connections would not shorten the pause
 // (TestPausingUpstreamKeepsFewConnections). Until the first answer and the
@@ -48,20 +51,86 @@ package dot
 // in-order service and keeps the bound. Only a query that waited for a dial
 // of its own keeps waiting for it meanwhile (awaitsItsDial).
 func (p *Pool) queueDepth() int32 {
+	depth, _ := p.queueBound()
+	return depth
+}
+
+// queueBound is queueDepth, and whether only the oldest connection with
+// room holds a queue (dearQueue): each other one takes a query only with
+// nothing outstanding.
+func (p *Pool) queueBound() (depth int32, oldestOnly bool) {
 	slots := int32(p.cfg.MaxInflight)
 	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
-		return slots
+		return slots, false
 	}
 	m := &p.learned.mode
 	u, s, d := m.usual.Load(), m.spacing.Load(), p.dialTime.Load()
-	if u == 0 || s == 0 || u > queueShared*s {
-		return slots
+	if u == 0 || s != 0 && u > queueShared*s {
+		return slots, false
 	}
-	s = min(s, u)
-	if d < minQueueDepth*s || nanotime()-p.servingAt.Load() > max(2*u, int64(2*minWatchInterval)) {
-		return slots
+	if s != 0 {
+		s = min(s, u)
 	}
-	return int32(min(d/s, int64(slots)))
+	if s != 0 && d >= minQueueDepth*s {
+		if nanotime()-p.servingAt.Load() > max(2*u, int64(2*minWatchInterval)) {
+			return slots, false
+		}
+		return int32(min(d/s, int64(slots))), false
+	}
+	if p.dearQueue(u, s, d) {
+		return minQueueDepth, true
+	}
+	return slots, false
+}
+
+// queueOnOldest reports whether only the oldest connection with room holds
+// a queue (see queueBound, dearQueue): then, in order, a busy answer there
+// came a service time after the one before it, the query written as that
+// one came (see servedAfter).
+func (p *Pool) queueOnOldest() bool {
+	_, oldestOnly := p.queueBound()
+	return oldestOnly
+}
+
+// dearQueue reports whether, the mode unknown and the spacing not timed or
+// more than half a dial, a query queued behind another would, were the
+// upstream in order, wait about as long as a dial of its own or longer:
+// a dial (d) is shorter than two spacings (s; the answer time until the
+// spacing is timed: in order, the spacing is the service time), and the
+// upstream answers sooner than unknownSlow (slower, slowUnknown gives each
+// query a connection anyway). Then the oldest connection with room takes
+// minQueueDepth queries, one waiting (in order, the waited answers that
+// learn the mode: see servedAfter), and any other connection a query only
+// with nothing outstanding; a query that finds none so goes as pickIdle
+// sends it (an idle connection, or a dial of its own), as forward's would.
+//
+// There queueDepth used to set no bound: a queue of one was thought to cost
+// no more than a dial. But until in order is learned (four waited answers,
+// about four answer times), every arrival queued: after a health probe's
+// lone 5 ms answer (CoreDNS's start), the load queued 42 deep on the pool's
+// one connection at 2,000 QPS, and the rescues of that queue, once in order
+// was learned, opened 28 connections where forward opened 13 (make bench's
+// dnsdist-slow: 29-43 against 20-21;
+// TestFastInOrderAfterAProbeHoldsNoMoreConnectionsThanForward). Queues of
+// two on every connection instead left one query queued per connection as
+// in order was learned: 19 against 13. A cold start of more than four dials
+// before the first answer (coldFirst, which this replaces) was the one shape
+// that spread them.
+//
+// Not while the upstream as a whole reads nothing for two answer times (a
+// pause, see servingAt), unless it was asked nothing before (askedAt: the
+// load's first query after an idle spell, which the probe's is); nor once a
+// query a connection was left as sparing no wait (spreadless: the upstream
+// serves its connections in turn, and more of them only lengthen the turn,
+// TestRegimeBusyTurnsUpstream: 7 connections against 4 without this).
+func (p *Pool) dearQueue(u, s, d int64) bool {
+	if s == 0 {
+		s = u
+	}
+	if d == 0 || d >= minQueueDepth*s || u >= int64(unknownSlow) || p.learned.mode.spreadless.Load() {
+		return false
+	}
+	return nanotime()-max(p.servingAt.Load(), p.askedAt.Load()) <= max(2*u, int64(2*minWatchInterval))
 }
 
 // overdueAfter is, while queueDepth bounds queues (the mode unknown, the

@@ -81,7 +81,9 @@ func TestQueueDepthBySpacing(t *testing.T) {
 			{4 * ms, 100 * int64(time.Microsecond), 10 * ms, 0}, // a shared queue (a busy machine's CPU)
 			{4 * ms, int64(time.Microsecond), 10 * ms, 0},       // unbound saturated: answers batched
 			{ms, 0, 5 * ms, 0},                                  // no busy answer yet
-			{ms, ms, ms, 0},                                     // fewer than minQueueDepth
+			{ms, ms, ms, minQueueDepth},                         // fewer than minQueueDepth: a queue costs a dial (dearQueue)
+			{5 * ms, 0, ms, minQueueDepth},                      // no busy answer yet, a dial shorter than an answer (dearQueue)
+			{5 * ms, 0, 11 * ms, 0},                             // no busy answer yet, a dial longer than two answers
 		} {
 			p.learned.mode.usual.Store(tc.usual)
 			p.learned.mode.spacing.Store(tc.spacing)
@@ -144,7 +146,8 @@ func TestFirstBusyAnswersTimeTheSpacingAtOnce(t *testing.T) {
 
 // While the mode is unknown, a fast upstream that answers a connection's
 // queries in order, each in 4 ms, behind 1 ms handshakes (fewer than
-// minQueueDepth answers in a dial's time: queueDepth sets no bound), with one
+// minQueueDepth answers in a dial's time: queueDepth allows a queue of
+// minQueueDepth on the oldest connection, see dearQueue), with one
 // slow name (60 ms). A query that comes 6 ms after the slow one was written on
 // the pool's one connection does not go behind it, where it would wait the
 // slow answer's rest, 54 ms: that answer is overdue (overdueAfter), and the
@@ -159,8 +162,8 @@ func TestUnknownModeQueryPassesOverdueAnswer(t *testing.T) {
 		if _, err := exchange(p, "warm.example."); err != nil { // the upstream serving now
 			t.Fatal(err)
 		}
-		if m, d := p.Stats().Mode, p.queueDepth(); m != ModeUnknown || d != int32(p.cfg.MaxInflight) {
-			t.Fatalf("After the warm-up: mode %v, queueDepth %d; want %v and no bound (usual answer %v, spacing %v, dial %v)",
+		if m, d := p.Stats().Mode, p.queueDepth(); m != ModeUnknown || d < minQueueDepth {
+			t.Fatalf("After the warm-up: mode %v, queueDepth %d; want %v and a queue allowed (usual answer %v, spacing %v, dial %v)",
 				m, d, ModeUnknown, time.Duration(p.learned.mode.usual.Load()), time.Duration(p.learned.mode.spacing.Load()), time.Duration(p.dialTime.Load()))
 		}
 		slowOne := offerFor(p, 1, 0, func(int) string { return "slow.example." })

@@ -101,7 +101,7 @@ func (c *conn) dispatch(frame []byte) {
 		c.answers.usual = c.pool.learned.mode.usual.Load()
 		c.answers.others = c.calls.len()
 		c.answers.sideOnly = cl.orderCheck && c.pool.slowUnknown()
-		c.answers.fedOne = c.pool.coldFirst()
+		c.answers.fedOne = c.pool.queueOnOldest()
 		slowBefore, waitedBefore := c.answers.busySlow, c.answers.waited
 		if c.overtookLocked(cl.seq) {
 			c.answers.inversions++

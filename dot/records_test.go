@@ -155,6 +155,44 @@ func TestTrialEndsOnAnswersNobodyWaitsFor(t *testing.T) {
 	})
 }
 
+// A record trial ends without a verdict when the sweeper finds its
+// connection blocked behind a slow answer (a stall): the trial's answers wait
+// for that one, and its hold would keep the queries put on the connection
+// unwritten until trialTimeout; the next trial waits ownTTL. Without
+// stopTrial the next query here took trialTimeout (250 ms) and the stall
+// was reported as "one per record".
+func TestTrialEndsWhenItsConnectionIsBlocked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const stall = time.Second
+		var wg sync.WaitGroup
+		p, rec, g := trialBatch(t, &wg, "held", stall)
+		for i := range 2 { // the trial's two queries, answered after the stall
+			wg.Go(func() { exchange(p, fmt.Sprintf("held%d.example.", i)) })
+			waitFor(t, "the query to be queued", func() bool { return p.Stats().Inflight == 2+i })
+		}
+		var took time.Duration
+		wg.Go(func() {
+			start := time.Now()
+			if _, err := exchange(p, "next.example."); err != nil {
+				t.Errorf("next: %v", err)
+			}
+			took = time.Since(start)
+		})
+		waitFor(t, "all queries to be queued", func() bool { return p.Stats().Inflight == 4 })
+		g.release()
+		wg.Wait()
+		if took >= trialTimeout/2 {
+			t.Errorf("next took %v, want less than %v: the trial held its connection through the stall", took, trialTimeout/2)
+		}
+		if v := verdicts(rec); len(v) != 0 {
+			t.Errorf("Verdicts reported = %v, want none: a stall tells nothing of how records are read", v)
+		}
+		if p.startTrial() {
+			t.Error("A trial started again at once: in the same stall it would hold the writes again")
+		}
+	})
+}
+
 // No record trial runs before the first answer, or while the usual answer
 // time is a quarter of trialTimeout or more: it would hold the connection's
 // writes for that long (a 300 ms upstream's p99 went from 306 ms to 462 ms in

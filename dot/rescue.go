@@ -256,6 +256,7 @@ func (c *conn) rescueStuck(w *stuckWatch) {
 		return
 	}
 	c.blockedAt.Store(c.reads.Load() + 1)
+	c.stopTrial()
 	var moved []*call
 	for cl := range c.calls.all() {
 		if c.pool.capConns() > 1 && cl.state.CompareAndSwap(callQueued, callAbandoned) {

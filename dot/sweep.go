@@ -313,6 +313,7 @@ func (p *Pool) sweepLoop() {
 // a query is now, and a connection it blocks must be seen within a fast tick.
 func (p *Pool) kickSweeper() {
 	if p.idleTicks.Load() && p.idleTicks.CompareAndSwap(true, false) {
+		p.askedAt.Store(nanotime()) // see dearQueue
 		select {
 		case p.kick <- struct{}{}:
 		default:
@@ -410,8 +411,8 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	m := &p.learned.mode
 	var st answerStats
 	side := int64(0) // a fast upstream's gaps are too short to tell side by side from in turn
-	if u := m.usual.Load(); u >= int64(unknownSlow) || u >= 4*int64(serialGap) && p.coldFirst() {
-		// Or one query waits on the oldest connection (coldFirst): in
+	if u := m.usual.Load(); u >= int64(unknownSlow) || u >= 4*int64(serialGap) && p.queueOnOldest() {
+		// Or one query waits on the oldest connection (queueOnOldest): in
 		// order, its answer comes a service time (u) after the one
 		// before, which a quarter of u and serialGap never reach.
 		side = u / 4

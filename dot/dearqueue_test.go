@@ -37,8 +37,9 @@ func TestFastInOrderSteadyLoadNoMoreConnectionsThanForward(t *testing.T) {
 }
 
 // The same load in front of an upstream that answers out of order, every
-// query after 5 ms: the cold start's connections carry it as forward's would
-// while the mode is unknown, and the query waiting on the oldest one,
+// query after 5 ms: while the mode is unknown, connections of their own
+// carry it as forward's would (dearQueue), and the query waiting on the
+// oldest one,
 // answered in its own time rather than a service time after the one before,
 // shows the upstream serving side by side. Out of order learned, the pool
 // goes back to a few full connections.
@@ -54,4 +55,47 @@ func TestFastOutOfOrderSteadyLoadLearnedSideBySide(t *testing.T) {
 			t.Errorf("%d connections open after 2 s, want %d at most", c, AutoMaxConnsOutOfOrder)
 		}
 	})
+}
+
+// The same regime as CoreDNS runs it: the health check's first probe (one
+// query) is answered on the pool's one connection before the load starts,
+// so there is no cold start of dials to spread the load over; before
+// dearQueue, the load queued on that connection until in order was learned,
+// and the rescues of the queue took connections forward never opens (peak
+// 28 against the model's 13, held 27). make bench samples the
+// upstream's connections once a second after a 2 s warm-up (34-45 against
+// forward's 20-21 in dnsdist-slow); the property test compares the peak.
+// Both are asserted: the wave is what opens the connections held.
+func TestFastInOrderAfterAProbeHoldsNoMoreConnectionsThanForward(t *testing.T) {
+	const gap, warmUp = 500 * time.Millisecond, 2 * time.Second
+	ld := offeredLoad{qps: 2000, deadline: 5 * time.Second, heldFrom: gap + warmUp}
+	ld.arrivals = append(ld.arrivals, 0) // the probe
+	for i := range 6000 {
+		ld.arrivals = append(ld.arrivals, gap+time.Duration(i)*500*time.Microsecond)
+	}
+	for _, handshake := range []time.Duration{time.Millisecond, 3 * time.Millisecond} {
+		t.Run(handshake.String(), func(t *testing.T) {
+			b := behaviour{seed: 5, inOrder: true, scale: 5150 * time.Microsecond, jitter: 0.03, handshake: handshake}
+			model := runForward(t, &b, ld)
+			pool := runPool(t, &b, ld)
+			t.Logf("pool:  %v\nmodel: %v", pool, model)
+			// With 3 ms handshakes a query that dialled for itself may
+			// take a connection freed before its dial is done (acquireSlow),
+			// and the dial's connection then opens one past forward's,
+			// which waited for its own: 18 against 17 in 3 of 30 runs
+			// under -race, as goroutines woken at one virtual instant run
+			// in either order. One is allowed there, none at 1 ms; the
+			// wave this test is about was 28 against 17.
+			slack := 0
+			if handshake > time.Millisecond {
+				slack = 1
+			}
+			if pool.peak > model.peak+slack {
+				t.Errorf("%d connections at once, want at most the model's %d (+%d)\n  pool:  %v\n  model: %v", pool.peak, model.peak, slack, pool, model)
+			}
+			if pool.held > model.held {
+				t.Errorf("%d connections held after the warm-up, want at most the model's %d\n  pool:  %v\n  model: %v", pool.held, model.held, pool, model)
+			}
+		})
+	}
 }
