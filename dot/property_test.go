@@ -17,7 +17,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/dotforward/dotforward/dot/dottest"
 	"github.com/miekg/dns"
 )
 
@@ -242,9 +241,7 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 		up := newSimUpstream(t, b)
 		up.side = "pool"
 		up.sampleHeld(ld.heldFrom)
-		tlsCfg := up.cert.ClientTLS(dottest.ServerName)
-		tlsCfg.CurvePreferences = up.tls.CurvePreferences
-		cfg := Config{Addr: "127.0.0.1:853", TLS: tlsCfg,
+		cfg := Config{Addr: "127.0.0.1:853", TLS: up.clientTLS(),
 			Dial: func(ctx context.Context, _, _ string) (net.Conn, error) { return up.dial(ctx, true) }}
 		if *propertyTrace {
 			cfg.Observer = newTraceObserver()

@@ -86,6 +86,14 @@ func (u *simUpstream) sampleHeld(from time.Duration) {
 	})
 }
 
+// clientTLS is the configuration the pool and the model of forward both
+// dial with: both pay the same handshake on the same loaded client.
+func (u *simUpstream) clientTLS() *tls.Config {
+	cfg := u.cert.ClientTLS(dottest.ServerName)
+	cfg.CurvePreferences = u.tls.CurvePreferences
+	return cfg
+}
+
 // since is the virtual time since the load's start.
 func (u *simUpstream) since() time.Duration { return time.Since(u.start) }
 
