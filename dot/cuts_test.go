@@ -562,6 +562,20 @@ func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
 	})
 }
 
+// oneAtATime returns a function that sends k queries through p, each after
+// the answer to the one before, under names not asked before.
+func oneAtATime(t *testing.T, p *Pool) func(k int) {
+	n := 0
+	return func(k int) {
+		for range k {
+			n++
+			if _, err := exchange(p, fmt.Sprintf("q%d.example.", n)); err != nil {
+				t.Fatalf("Query %d: %v", n, err)
+			}
+		}
+	}
+}
+
 // A server that closes a connection idle for a second as the client's next
 // query comes (dnsdist's tcpRecvTimeout): each cut has one query outstanding,
 // after however many answers the connection served, and two such cuts alike
@@ -571,15 +585,7 @@ func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
 func TestIdleTimeoutRaceTeachesNoLimit(t *testing.T) {
 	const idle = time.Second
 	bubble(t, dottest.Options{InOrder: true, IdleCut: idle}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		n := 0
-		serve := func(k int) {
-			for range k {
-				n++
-				if _, err := exchange(p, fmt.Sprintf("q%d.example.", n)); err != nil {
-					t.Fatalf("Query %d: %v", n, err)
-				}
-			}
-		}
+		serve := oneAtATime(t, p)
 		serve(8)
 		for cut := 1; cut <= 2; cut++ {
 			time.Sleep(idle + idle/2) // the connection idles past the server's timeout
@@ -608,15 +614,7 @@ func TestIdleTimerCutAfterManyAnswersTeachesNoLimit(t *testing.T) {
 	for _, inOrder := range []bool{true, false} {
 		t.Run(fmt.Sprintf("inOrder=%v", inOrder), func(t *testing.T) {
 			bubble(t, dottest.Options{InOrder: inOrder, IdleCut: idle}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-				n := 0
-				serve := func(k int) {
-					for range k {
-						n++
-						if _, err := exchange(p, fmt.Sprintf("q%d.example.", n)); err != nil {
-							t.Fatalf("Query %d: %v", n, err)
-						}
-					}
-				}
+				serve := oneAtATime(t, p)
 				serve(20)
 				time.Sleep(idle + idle/2) // the connection idles past the server's timeout
 				before := s.Handshakes()
