@@ -438,14 +438,10 @@ func TestIdleCloseRaceReplayed(t *testing.T) {
 	})
 }
 
-// A query evicted past a newly learned limit is replayed elsewhere; if its
-// server answers it after all (the limit was learned too low), the answer is
-// dropped as "evicted", not taken for a rescue's loser, and it still counts
-// as served by the connection.
-func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
-	c := newBareConn(t, 8)
-	rec := c.pool.obs.(*recorder)
-	calls := make([]*call, 3)
+// writtenCalls registers n calls on the bare connection c, takes each from
+// its write queue as the writer would, and marks it written in that order.
+func writtenCalls(t *testing.T, c *conn, n int) []*call {
+	calls := make([]*call, n)
 	for i := range calls {
 		calls[i] = newTestCall(mustPrepare(t, fmt.Sprintf("q%d.example.", i)))
 		if !c.register(calls[i]) {
@@ -455,6 +451,17 @@ func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
 		calls[i].seq = uint32(i + 1)
 		calls[i].state.Store(callSent)
 	}
+	return calls
+}
+
+// A query evicted past a newly learned limit is replayed elsewhere; if its
+// server answers it after all (the limit was learned too low), the answer is
+// dropped as "evicted", not taken for a rescue's loser, and it still counts
+// as served by the connection.
+func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
+	c := newBareConn(t, 8)
+	rec := c.pool.obs.(*recorder)
+	calls := writtenCalls(t, c, 3)
 	c.mu.Lock()
 	c.evictBeyondLocked(2, nanotime())
 	c.mu.Unlock()
@@ -495,16 +502,7 @@ func TestLearnedLimitKeepsTheQueriesItsCutServed(t *testing.T) {
 		c := newBareConn(t, 64)
 		p := c.pool
 		p.conns.Store(&[]*conn{c})
-		calls := make([]*call, cutAfter+1)
-		for i := range calls {
-			calls[i] = newTestCall(mustPrepare(t, fmt.Sprintf("q%d.example.", i)))
-			if !c.register(calls[i]) {
-				t.Fatalf("register %d failed", i)
-			}
-			<-c.writeq
-			calls[i].seq = uint32(i + 1)
-			calls[i].state.Store(callSent)
-		}
+		calls := writtenCalls(t, c, cutAfter+1)
 		limit := p.learned.limit.learn(cutAfter)
 		if limit != cutAfter-1 {
 			t.Fatalf("Learned %d from a cut after %d answers, want %d", limit, cutAfter, cutAfter-1)

@@ -44,6 +44,14 @@ func (c *conn) sweep(now int64, idle time.Duration) (expiry int64) {
 		c.pool.unlearnLimit(refuted)
 	}
 
+	c.endExpired(expired, v)
+	return expiry
+}
+
+// endExpired times out the calls a sweep found past their deadline, closes
+// the connection if v says so, and tells the waiting room of the slots
+// freed. c.mu must not be held.
+func (c *conn) endExpired(expired []*call, v closeCause) {
 	for _, cl := range expired {
 		c.pool.obs.TimedOut()
 		cl.complete(result{err: ErrTimeout})
@@ -54,7 +62,6 @@ func (c *conn) sweep(now int64, idle time.Duration) (expiry int64) {
 	if len(expired) > 0 {
 		c.pool.slotFreed()
 	}
-	return expiry
 }
 
 // expireCalls is sweep's timeouts alone (see expire): it gives up c's live
@@ -74,14 +81,7 @@ func (c *conn) expireCalls(now int64) int64 {
 	}
 	v := c.closeCauseLocked(now, oldest, next, 0)
 	c.mu.Unlock()
-	for _, cl := range expired {
-		c.pool.obs.TimedOut()
-		cl.complete(result{err: ErrTimeout})
-	}
-	if v.reason >= 0 {
-		c.closeFor(v.cause, v.reason)
-	}
-	c.pool.slotFreed()
+	c.endExpired(expired, v)
 	return expiry
 }
 
