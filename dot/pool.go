@@ -63,6 +63,7 @@ type Pool struct {
 	sparedWaiters atomic.Int32            // queries spared a dial that wait for a connection (see checkOwesWaiter)
 	noDepthProbe  atomic.Bool             // set by tests of connections filled past a query limit, which the depth probe spares a slow upstream's (probe.go)
 	kick          chan struct{}           // cap 1: wakes the sweeper
+	tickHold      atomic.Pointer[func()]  // set by tests: run as the sweeper's timer fires, before the tick reads the clock (its goroutine held up: see sweepLoop)
 
 	ctx    context.Context // the pool's lifetime: dials use it, never a caller's context
 	cancel context.CancelFunc

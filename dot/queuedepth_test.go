@@ -252,3 +252,86 @@ func warmInPairs(t *testing.T, p *Pool) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// While the mode is unknown, a fast upstream (unbound in make bench's
+// unbound regime: 0.1 ms answers, 1 ms handshakes; its one thread serves
+// queries one at a time, as an in-order one does, and no answer overtakes
+// another, so that the mode stays unknown) under a
+// steady load of 2,000 QPS on one connection, and then the whole pool held
+// up 8 ms (its process not run on a loaded machine: a GC, a descheduled
+// thread): the sweeper's tick, due as the hold-up starts, runs only at its
+// end; a query written as it starts has its answer read only after it; and
+// the queries that came meanwhile all come at its end. The upstream, as the
+// pool can tell, read nothing for the 8 ms: a pause (see servingAt), not an
+// overdue answer (overdueAfter), and none of those queries dials. When the
+// late tick stamped servingAt with its own time, the upstream looked served
+// just now, the query in service overdue, and each query of the backlog
+// dialled one of its own (make bench: bursts of 7-40 dials within a
+// millisecond on a loaded machine).
+func TestUnknownModeHeldUpPoolDialsNone(t *testing.T) {
+	const service, handshake, hold, gap = 100 * time.Microsecond, time.Millisecond, 8 * time.Millisecond, 500 * time.Microsecond
+	// The reads return after the backlog is picked, the sweeper's tick runs
+	// before: the order that dialled (goroutines woken together run in any).
+	h := &hiccups{period: time.Hour, length: func(int64) time.Duration { return hold + 40*time.Microsecond }}
+	mod := func(c *Config) { c.Dial = h.dial(c.Dial) }
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		warmInPairs(t, p) // times the spacing: overdueAfter needs it
+
+		var heldAt atomic.Int64 // unix ns the held tick was due
+		var dials atomic.Int64  // the dials before the hold-up
+		heldOut := make(chan []regimeOutcome, 1)
+		var last int64 // the previous tick (the sweeper's goroutine only)
+		hook := func() {
+			now := time.Now().UnixNano()
+			prev := last
+			last = now
+			if heldAt.Load() != 0 || prev == 0 || now-prev < int64(time.Millisecond) {
+				return // the tick held is one a millisecond after another at least: the reads grew since
+			}
+			heldAt.Store(now)
+			h.from.Store(now)
+			dials.Store(int64(rec.get(func(r *recorder) int { return r.dials })))
+			go func() { heldOut <- offer(p, 1, 0, func(int) string { return "held.example." }) }()
+			time.Sleep(hold) // the hold-up, in virtual time: not a test waiting for a condition
+		}
+		var load sync.WaitGroup
+		outs := make([]regimeOutcome, 0, 200)
+		var mu sync.Mutex
+		send := func(name string) {
+			load.Go(func() {
+				start := time.Now()
+				_, err := exchange(p, name)
+				mu.Lock()
+				outs = append(outs, regimeOutcome{name, time.Since(start), err})
+				mu.Unlock()
+			})
+		}
+		inForce := false // overdueAfter set a time under the steady load
+		for i := 0; heldAt.Load() == 0; i++ {
+			if i == 60 {
+				p.tickHold.Store(&hook)
+			}
+			if after, _ := p.overdueAfter(); after != 0 {
+				inForce = true
+			}
+			send(fmt.Sprintf("s%d.example.", i))
+			time.Sleep(gap)
+		}
+		time.Sleep(time.Until(time.Unix(0, heldAt.Load()+int64(hold+20*time.Microsecond))))
+		for i := range int(hold / gap) { // the queries that came in the hold-up
+			send(fmt.Sprintf("b%d.example.", i))
+		}
+		load.Wait()
+		checkOutcomes(t, <-heldOut, func(string) time.Duration { return hold + time.Millisecond })
+		checkOutcomes(t, outs, func(string) time.Duration { return hold + time.Millisecond })
+		if m := p.Stats().Mode; m != ModeUnknown || !inForce {
+			t.Fatalf("Mode %v, overdueAfter in force under the load: %v; want unknown and in force (usual answer %v, spacing %v, dial %v)", m, inForce,
+				time.Duration(p.learned.mode.usual.Load()), time.Duration(p.learned.mode.spacing.Load()), time.Duration(p.dialTime.Load()))
+		}
+		if d := int64(rec.get(func(r *recorder) int { return r.dials })) - dials.Load(); d != 0 {
+			t.Errorf("%d dials for the queries that came in the hold-up, want 0", d)
+		}
+	})
+}

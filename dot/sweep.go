@@ -262,6 +262,9 @@ func (p *Pool) sweepLoop() {
 		case <-p.kick:
 			t.Stop() // no stale tick after this (Go 1.23 timers)
 		}
+		if hold := p.tickHold.Load(); hold != nil {
+			(*hold)()
+		}
 		now := nanotime()
 		p.clock.Store(now)
 		// Reads of every connection ever open, closed ones included: a
@@ -276,7 +279,23 @@ func (p *Pool) sweepLoop() {
 		reads += closed
 		if reads > p.sizer.total {
 			p.readsGrewAt = now // before size, which takes the new total
-			p.servingAt.Store(now)
+			// A tick that runs late stamps when it was due, not its own
+			// time. It runs late when the pool's process was held up (a
+			// GC, a descheduled thread on a loaded machine), and the
+			// reads it sees grow were read before the hold-up: stamped
+			// with its own time, the upstream looked served just now
+			// while a query written before the hold-up, its answer
+			// unread in the socket, looked overdue (overdueAfter), and
+			// each query of the hold-up's backlog dialled one of its own
+			// (make bench's unbound regime: bursts of 7-40 dials within
+			// a millisecond; TestUnknownModeHeldUpPoolDialsNone: 16).
+			// Stamped when due, the hold-up is the pause it was to the
+			// pool until the next tick sees the reads after it. A tick
+			// on time, or kicked before its timer was due, stamps its
+			// own time as before: every tick stamped with the latest
+			// answer's own arrival instead broke property seed 142 (3
+			// replays of 3), where overdueAfter passes over a slow name.
+			p.servingAt.Store(min(now, due))
 		}
 		sweep := now >= next
 		if sweep {
