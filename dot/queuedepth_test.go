@@ -256,20 +256,36 @@ func warmInPairs(t *testing.T, p *Pool) {
 // While the mode is unknown, a fast upstream (unbound in make bench's
 // unbound regime: 0.1 ms answers, 1 ms handshakes; its one thread serves
 // queries one at a time, as an in-order one does, and no answer overtakes
-// another, so that the mode stays unknown) under a
-// steady load of 2,000 QPS on one connection, and then the whole pool held
-// up 8 ms (its process not run on a loaded machine: a GC, a descheduled
-// thread): the sweeper's tick, due as the hold-up starts, runs only at its
-// end; a query written as it starts has its answer read only after it; and
-// the queries that came meanwhile all come at its end. The upstream, as the
-// pool can tell, read nothing for the 8 ms: a pause (see servingAt), not an
-// overdue answer (overdueAfter), and none of those queries dials. When the
-// late tick stamped servingAt with its own time, the upstream looked served
-// just now, the query in service overdue, and each query of the backlog
-// dialled one of its own (make bench: bursts of 7-40 dials within a
-// millisecond on a loaded machine).
+// another, so that the mode stays unknown) under a steady load of 2,000 QPS
+// on one connection, and then the whole pool held up (its process not run on
+// a loaded machine: a GC, a descheduled thread): a sweeper tick due in the
+// hold-up runs only at its end; a query written as it starts has its answer
+// read only after it; and the queries that came meanwhile all come at its
+// end. The upstream, as the pool can tell, read nothing for the hold-up: a
+// pause (see servingAt), not an overdue answer (overdueAfter), and none of
+// those queries dials. When the late tick stamped servingAt with its own
+// time, the upstream looked served just now, the query in service overdue,
+// and each query of the backlog dialled one of its own (make bench: bursts of
+// 7-40 dials within a millisecond on a loaded machine); stamped with the
+// time it was due, so did a tick due 2 ms into a 6.5 ms hold-up (make
+// bench: 5-9 dials after ticks 4 ms late).
 func TestUnknownModeHeldUpPoolDialsNone(t *testing.T) {
-	const service, handshake, hold, gap = 100 * time.Microsecond, time.Millisecond, 8 * time.Millisecond, 500 * time.Microsecond
+	for _, tc := range []struct {
+		name       string
+		lead, hold time.Duration // the hold-up starts lead after a tick, and lasts hold
+	}{
+		{"tick due as the hold-up starts", 0, 8 * time.Millisecond},
+		{"tick due inside the hold-up", 500 * time.Microsecond, 6500 * time.Microsecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) { heldUpPool(t, tc.lead, tc.hold) })
+	}
+}
+
+// heldUpPool is TestUnknownModeHeldUpPoolDialsNone with a hold-up that starts
+// lead after a sweeper tick (0: the tick is held from when it is due) and
+// lasts hold: the next tick runs at its end.
+func heldUpPool(t *testing.T, lead, hold time.Duration) {
+	const service, handshake, gap = 100 * time.Microsecond, time.Millisecond, 500 * time.Microsecond
 	// The reads return after the backlog is picked, the sweeper's tick runs
 	// before: the order that dialled (goroutines woken together run in any).
 	h := &hiccups{period: time.Hour, length: func(int64) time.Duration { return hold + 40*time.Microsecond }}
@@ -279,22 +295,38 @@ func TestUnknownModeHeldUpPoolDialsNone(t *testing.T) {
 		p.noOrderChecks.Store(true)
 		warmInPairs(t, p) // times the spacing: overdueAfter needs it
 
-		var heldAt atomic.Int64 // unix ns the held tick was due
+		var heldAt atomic.Int64 // unix ns the hold-up started
 		var dials atomic.Int64  // the dials before the hold-up
 		heldOut := make(chan []regimeOutcome, 1)
-		var last int64 // the previous tick (the sweeper's goroutine only)
+		start := func() {
+			now := time.Now().UnixNano()
+			dials.Store(int64(rec.get(func(r *recorder) int { return r.dials })))
+			heldAt.Store(now)
+			h.from.Store(now)
+			go func() { heldOut <- offer(p, 1, 0, func(int) string { return "held.example." }) }()
+		}
+		var last int64 // the previous tick (the sweeper's goroutine only, as armed)
+		armed := false // the hold-up is to start lead after a tick (the sweeper's goroutine only)
 		hook := func() {
 			now := time.Now().UnixNano()
 			prev := last
 			last = now
-			if heldAt.Load() != 0 || prev == 0 || now-prev < int64(time.Millisecond) {
-				return // the tick held is one a millisecond after another at least: the reads grew since
+			switch {
+			case heldAt.Load() != 0 && now < heldAt.Load()+int64(hold):
+				time.Sleep(time.Duration(heldAt.Load() + int64(hold) - now)) // the hold-up, in virtual time: not a test waiting for a condition
+			case armed || heldAt.Load() != 0 || prev == 0 || now-prev < int64(time.Millisecond):
+				// The hold-up follows a tick a millisecond after another
+				// at least: the reads grew since.
+			case lead == 0:
+				start()
+				time.Sleep(hold)
+			default:
+				armed = true
+				go func() {
+					time.Sleep(lead)
+					start()
+				}()
 			}
-			heldAt.Store(now)
-			h.from.Store(now)
-			dials.Store(int64(rec.get(func(r *recorder) int { return r.dials })))
-			go func() { heldOut <- offer(p, 1, 0, func(int) string { return "held.example." }) }()
-			time.Sleep(hold) // the hold-up, in virtual time: not a test waiting for a condition
 		}
 		var load sync.WaitGroup
 		outs := make([]regimeOutcome, 0, 200)

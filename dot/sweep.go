@@ -279,23 +279,7 @@ func (p *Pool) sweepLoop() {
 		reads += closed
 		if reads > p.sizer.total {
 			p.readsGrewAt = now // before size, which takes the new total
-			// A tick that runs late stamps when it was due, not its own
-			// time. It runs late when the pool's process was held up (a
-			// GC, a descheduled thread on a loaded machine), and the
-			// reads it sees grow were read before the hold-up: stamped
-			// with its own time, the upstream looked served just now
-			// while a query written before the hold-up, its answer
-			// unread in the socket, looked overdue (overdueAfter), and
-			// each query of the hold-up's backlog dialled one of its own
-			// (make bench's unbound regime: bursts of 7-40 dials within
-			// a millisecond; TestUnknownModeHeldUpPoolDialsNone: 16).
-			// Stamped when due, the hold-up is the pause it was to the
-			// pool until the next tick sees the reads after it. A tick
-			// on time, or kicked before its timer was due, stamps its
-			// own time as before: every tick stamped with the latest
-			// answer's own arrival instead broke property seed 142 (3
-			// replays of 3), where overdueAfter passes over a slow name.
-			p.servingAt.Store(min(now, due))
+			p.servingAt.Store(p.servedBy(now, due, conns))
 		}
 		sweep := now >= next
 		if sweep {
@@ -327,6 +311,42 @@ func (p *Pool) sweepLoop() {
 		due = nanotime() + int64(d)
 	}
 }
+
+// servedBy is what servingAt says at a tick that saw the reads grow: the
+// tick's own time, or, at a tick that runs late (past lateTick), the latest
+// arrival of an answer that served a connection's next query (servedAt),
+// read since the last stamp. A tick runs late when the pool's process was
+// held up (a GC, a descheduled thread on a loaded machine), and the reads it
+// sees grow were mostly read before the hold-up: stamped with the tick's
+// time, the upstream looked served just now while a query written before the
+// hold-up, its answer unread in the socket, looked overdue (overdueAfter),
+// and each query of the hold-up's backlog dialled one of its own (make
+// bench's unbound regime: bursts of 7-40 dials within a millisecond; with
+// the time the tick was due instead, still 5-9 after ticks 4 ms late, the
+// due time 4.4-5 ms back, inside the hold-up;
+// TestUnknownModeHeldUpPoolDialsNone). A tick on time stamps its own time as
+// before: every tick stamped with the latest answer's arrival broke property
+// seed 142 (3 replays of 3), where overdueAfter passes over a slow name; in a
+// synctest bubble no tick runs late.
+func (p *Pool) servedBy(now, due int64, conns []*conn) int64 {
+	if now-due <= int64(lateTick) {
+		return now
+	}
+	at := p.servingAt.Load()
+	for _, c := range conns {
+		at = max(at, c.servedAt.Load())
+	}
+	if at == 0 {
+		return now // nothing served yet: as a tick on time
+	}
+	return min(at, now)
+}
+
+// lateTick: a sweeper tick that runs later than this after it was due was
+// held up (see servedBy). Above the few tens of microseconds a tick runs
+// late on an idle machine, and well under a hold-up that makes an answer
+// overdue (2 × minWatchInterval).
+const lateTick = minWatchInterval / 5
 
 // kickSweeper wakes the sweeper if it ticks slowly (nothing was outstanding):
 // a query is now, and a connection it blocks must be seen within a fast tick.
