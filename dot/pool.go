@@ -47,7 +47,7 @@ type Pool struct {
 	serverIdle    atomic.Int64            // ns: the shortest idle timeout the server's keepalive told; 0: none told (see connLife.failed)
 	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
 	closedReads   atomic.Int64            // frames read by the connections no longer in conns: the sweeper's read total goes on past their close (see sweep)
-	servingAt     atomic.Int64            // readsGrewAt, for the hot path (see queueDepth)
+	servingAt     atomic.Int64            // readsGrewAt for the hot path, but at a late tick the latest served answer's arrival (see servedBy, queueDepth)
 	askedAt       atomic.Int64            // unix ns when a query went out with the sweeper idle (kickSweeper): the upstream read nothing before, asked nothing (see dearQueue)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
