@@ -144,18 +144,29 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			// and the query goes to the least loaded quiet one.
 			best, load, more = quiet, quietLoad, true
 		}
-		if best == nil && cl.avoid == nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
+		serving := best == nil && depth < slots && p.servedLately(served) // queues move: no pause
+		if best == nil && !serving && cl.avoid == nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
 			// Every connection is blocked, the pool takes that for the
 			// upstream pausing (see countsTowardCap), and they are as
 			// many as it opens: it dials no more. The query goes out on
 			// the least loaded one rather than wait unwritten for the
 			// pause to end: then it is answered as soon as the upstream
 			// resumes, as forward's would be, not an answer time or a
-			// move later (issue 21, seed 97).
+			// move later (issue 21, seed 97). Not while queueBound
+			// bounds the queues and they are served (serving): then
+			// the connections with room are merely full to their
+			// bound, the blocked one is stuck behind a slow answer of
+			// its own, and the query goes as pickIdle sends it, below
+			// (a dial of its own, as forward's). Put behind the
+			// blocked one, every query that came queued there and an
+			// in-order upstream served them a slow answer time each
+			// (property seed 77: 46 deep behind the first dial's
+			// three, rescued as in order was learned, into a stall;
+			// TestServingUpstreamQueuesNothingBehindTheBlocked).
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 			within = slots
 		}
-		if best == nil && cl.within == 0 && (overdue || depth < slots && p.servedLately(served)) {
+		if best == nil && cl.within == 0 && (overdue || serving) {
 			// Every connection with room holds a queue that, were the
 			// upstream in order, would take longer than a dial, and
 			// queues are being served, or waits for an overdue answer:
