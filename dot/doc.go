@@ -142,8 +142,9 @@
 //     just-written one on purpose, so that an upstream that starts answering
 //     out of order shows it; slow and unknown, only while the load holds
 //     steady (orderCheckRolled). (A probe is the plugin's health probe.)
-//   - near its end: a connection past half the query limit or close to MaxAge;
-//     its successor is dialled then (make before break).
+//   - near its end: a connection past half the query limit (one query at a
+//     time: with only a dial's time of answers left, see nearEndAfter) or
+//     close to MaxAge; its successor is dialled then (make before break).
 //   - taking: a connection that takes new queries: its state (conn.avail) is
 //     taking, quiet or near its end, not blocked, draining or closed. One census
 //     of these states (census.go) is what dial, sizing, the sweeper and Stats

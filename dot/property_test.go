@@ -184,6 +184,7 @@ type loadOutcome struct {
 	took     []time.Duration // of answered queries, sorted
 	peak     int             // the most connections open at once, as the upstream counted them
 	held     int             // the most open at a sample from the load's heldFrom on (0: none taken)
+	heldMean float64         // the mean open at those samples
 	dials    int
 }
 
@@ -198,7 +199,7 @@ func (o loadOutcome) String() string {
 	s := fmt.Sprintf("answered %d, p99 %v, peak %d connections (%d dials), failed %v, lost %d",
 		o.answered, o.p99(), o.peak, o.dials, o.failed, len(o.lost))
 	if o.held > 0 {
-		s += fmt.Sprintf(", held %d", o.held)
+		s += fmt.Sprintf(", held %d (mean %.1f)", o.held, o.heldMean)
 	}
 	for i, l := range o.lost {
 		if i == 3 {
@@ -258,7 +259,7 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 			return p.Exchange(ctx, m)
 		}, func() { p.Close() }, poolErrKind)
 		up.close()
-		o.peak, o.dials, o.held = up.stats()
+		o.peak, o.dials, o.held, o.heldMean = up.stats()
 	})
 	return o
 }
@@ -277,7 +278,7 @@ func runForward(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 			return f.exchange(m, deadline)
 		}, f.close, modelErrKind)
 		up.close()
-		o.peak, o.dials, o.held = up.stats()
+		o.peak, o.dials, o.held, o.heldMean = up.stats()
 	})
 	if len(o.lost) > 0 {
 		t.Fatalf("The model of forward lost queries (a fault of the test): %v", o)

@@ -28,16 +28,18 @@ type simUpstream struct {
 	cert  *dottest.Cert
 	tls   *tls.Config
 
-	mu     sync.Mutex
-	asked  map[string]int        // guarded by mu: how often each name was taken up
-	conns  map[*simConn]struct{} // guarded by mu: open connections
-	peak   int                   // guarded by mu: the most connections ever open at once
-	dials  int                   // guarded by mu
-	closed bool                  // guarded by mu
-	held   int                   // guarded by mu: the most connections open at a sample (see sampleHeld)
-	stop   chan struct{}         // closed by close: ends sampleHeld
-	side   string                // with -property.trace, whose upstream it is ("pool", "forward"): see traceOpen
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	asked   map[string]int        // guarded by mu: how often each name was taken up
+	conns   map[*simConn]struct{} // guarded by mu: open connections
+	peak    int                   // guarded by mu: the most connections ever open at once
+	dials   int                   // guarded by mu
+	closed  bool                  // guarded by mu
+	held    int                   // guarded by mu: the most connections open at a sample (see sampleHeld)
+	heldN   int                   // guarded by mu: the samples taken
+	heldSum int                   // guarded by mu: the connections open at them, summed
+	stop    chan struct{}         // closed by close: ends sampleHeld
+	side    string                // with -property.trace, whose upstream it is ("pool", "forward"): see traceOpen
+	wg      sync.WaitGroup
 }
 
 // newSimUpstream starts an upstream behaving as b. Start it in the bubble: its
@@ -80,6 +82,8 @@ func (u *simUpstream) sampleHeld(from time.Duration) {
 			}
 			u.mu.Lock()
 			u.held = max(u.held, len(u.conns))
+			u.heldN++
+			u.heldSum += len(u.conns)
 			u.mu.Unlock()
 			t.Reset(heldEvery)
 		}
@@ -144,12 +148,15 @@ func (u *simUpstream) drawJitter(name string) float64 {
 	return 2*r.Float64() - 1
 }
 
-// stats returns the peak of open connections, the dials and the most open
-// at a sample (sampleHeld).
-func (u *simUpstream) stats() (peak, dials, held int) {
+// stats returns the peak of open connections, the dials, and the most open
+// at a sample and their mean (sampleHeld).
+func (u *simUpstream) stats() (peak, dials, held int, heldMean float64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.peak, u.dials, u.held
+	if u.heldN > 0 {
+		heldMean = float64(u.heldSum) / float64(u.heldN)
+	}
+	return u.peak, u.dials, u.held, heldMean
 }
 
 // close closes every connection and waits for their goroutines.

@@ -360,10 +360,9 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 // its cut teach.
 
 // checkQueryLimitLocked applies the learned query limit to what the connection has
-// accepted: from half of it on, its successor is dialled (a handshake takes
-// longer than the server takes to answer a quarter of the limit). c.mu must be held.
+// accepted: from nearEndAfter on, its successor is dialled. c.mu must be held.
 func (c *conn) checkQueryLimitLocked() {
-	if c.queryLimit > 0 && c.accepted >= c.queryLimit/2 {
+	if c.queryLimit > 0 && c.accepted >= c.pool.nearEndAfter(c.queryLimit) {
 		c.nearEnd.Store(true)
 	}
 	if c.queryLimit > 0 && c.accepted >= c.queryLimit {
@@ -371,6 +370,27 @@ func (c *conn) checkQueryLimitLocked() {
 		// that nothing we write is cut off.
 		c.setDrainingLocked(CloseLimit)
 	}
+}
+
+// nearEndAfter is how many queries a connection under a learned query limit
+// takes before it is near its end and its successor is dialled. Filled in
+// turn, it may take a query as often as they come: from half the limit on (a
+// handshake takes longer than the server takes to answer a quarter of it).
+// One query at a time (oneEach), it takes at most one an answer time, so its
+// last ones take that many answer times: the successor is due once they take
+// a dial's time or less, and with answers longer than a dial, at its last
+// query, when forward, which dials as a query finds none idle, would. From
+// half the limit on, the successors (and the sizer's spares for them) sat
+// idle for half the limit's answer times, one to three connections held past
+// forward's (steady property seeds 32 and 41: 13-14 against 12, 22-23
+// against 21; TestInOrderLimitDialsSuccessorsOnlyNearTheCut).
+func (p *Pool) nearEndAfter(limit int) int {
+	if p.oneEach() {
+		if u := p.learned.mode.usual.Load(); u > 0 {
+			return limit - int(p.dialTime.Load()/u)
+		}
+	}
+	return limit / 2
 }
 
 // idledBeforeCutLocked reports whether the queries c holds went out after it

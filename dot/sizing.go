@@ -285,7 +285,7 @@ func (p *Pool) size(now, reads int64, conns []*conn, report bool) {
 	z.inflight += (float64(n.load) - z.inflight) / 8
 	needed := p.neededNow(max(z.inflight, float64(n.load)))
 	p.needed.Store(int32(needed))
-	wanted := p.wanted(n.busy, n.busyLoad, needed) + p.successors(n.busy)
+	wanted := p.wanted(n.busy, n.busyLoad, needed) + p.successors(n.busy, n.n[availNearEnd])
 	open := n.steady()
 	p.shortfall.Store(int32(max(wanted-open, 0)))
 	for range min(wanted-open, maxParallelDials) - int(p.dialing.Load()) {
@@ -331,13 +331,20 @@ func (z *sizer) sample(now, reads, queued int64) {
 }
 
 // successors is how many connections, beyond what the load holds, a server
-// that cuts connections at a learned query limit calls for: a connection near
-// its end takes half the limit more queries, and its successors must be ready
-// before that: the answer rate times the dial time, in such halves, and one.
-func (p *Pool) successors(busy int) int {
+// that cuts connections at a learned query limit calls for. Filled in turn, a
+// connection near its end takes half the limit more queries, and its
+// successors must be ready before that: the answer rate times the dial time,
+// in such halves, and one. One query at a time (oneEach), a connection is
+// near its end only once its last queries take a dial's time or less
+// (nearEndAfter): one successor for each such; the two kept regardless were
+// connections forward does not hold (TestInOrderLimitDialsSuccessorsOnlyNearTheCut).
+func (p *Pool) successors(busy, nearEnd int) int {
 	limit := p.learned.limit.get()
 	if limit == 0 || busy == 0 {
 		return 0
+	}
+	if p.oneEach() {
+		return nearEnd
 	}
 	dial := time.Duration(p.dialTime.Load())
 	return int(math.Ceil(p.sizer.rate*dial.Seconds()/float64(max(limit/2, 1)))) + 1
