@@ -2,7 +2,9 @@ package dot
 
 import (
 	"cmp"
+	"context"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -366,4 +368,129 @@ func heldUpPool(t *testing.T, lead, hold time.Duration) {
 			t.Errorf("%d dials for the queries that came in the hold-up, want 0", d)
 		}
 	})
+}
+
+// TestUnknownModeHeldUpReadsOneFirstDialsNone is TestUnknownModeHeldUpPoolDialsNone
+// with more than one connection, whose readers run in some order after the
+// hold-up: a burst earlier in the load opens two more connections; one
+// written just before the hold-up fills the oldest (a dial's time of
+// queries, queueBound) and puts one on the second. After the hold-up the
+// oldest's reader runs, then the late tick, then the backlog, and the
+// others' readers only after those. The oldest's reads made the upstream
+// look served just now, the second's query, in service since before the
+// hold-up, overdue (overdueAfter), and of the backlog, more than the oldest
+// and the idle third take, those the second would have taken dialled.
+func TestUnknownModeHeldUpReadsOneFirstDialsNone(t *testing.T) {
+	const service, handshake, gap, hold = 100 * time.Microsecond, time.Millisecond, 500 * time.Microsecond, 8 * time.Millisecond
+	const backlog = 26
+	var heldAt atomic.Int64            // unix ns the hold-up started; 0: not yet
+	var early atomic.Pointer[heldConn] // the oldest connection's: its reads come first
+	mod := func(c *Config) {
+		dial := c.Dial
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			nc, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &heldConn{Conn: nc, heldAt: &heldAt, hold: hold, early: &early}, nil
+		}
+	}
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, mod, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		warmInPairs(t, p) // times the spacing
+		var dials atomic.Int64
+		heldOut := make(chan []regimeOutcome, 1)
+		var last int64 // the previous tick (the sweeper's goroutine only)
+		hook := func() {
+			now := time.Now().UnixNano()
+			prev := last
+			last = now
+			switch {
+			case heldAt.Load() != 0 && now < heldAt.Load()+int64(hold):
+				time.Sleep(time.Duration(heldAt.Load() + int64(hold) + int64(10*time.Microsecond) - now)) // the hold-up, in virtual time
+			case heldAt.Load() != 0 || prev == 0 || now-prev < int64(time.Millisecond):
+			default:
+				go func() {
+					heldOut <- offer(p, 11, 0, func(i int) string { return fmt.Sprintf("held%d.example.", i) })
+				}()
+				time.Sleep(50 * time.Microsecond) // written, not yet answered
+				dials.Store(int64(rec.get(func(r *recorder) int { return r.dials })))
+				if conns := *p.conns.Load(); len(conns) < 3 || conns[1].load.Load() == 0 {
+					t.Errorf("%d connections, the second's load not 1 or more: want 3, the second in service", len(conns))
+				} else {
+					early.Store(conns[0].bc.Conn.(*heldConn))
+				}
+				heldAt.Store(time.Now().UnixNano())
+				time.Sleep(hold + 10*time.Microsecond)
+			}
+		}
+		var load sync.WaitGroup
+		outs := make([]regimeOutcome, 0, 200)
+		var mu sync.Mutex
+		send := func(name string) {
+			load.Go(func() {
+				start := time.Now()
+				_, err := exchange(p, name)
+				mu.Lock()
+				outs = append(outs, regimeOutcome{name, time.Since(start), err})
+				mu.Unlock()
+			})
+		}
+		inForce := false
+		for i := 0; heldAt.Load() == 0; i++ {
+			switch i {
+			case 30:
+				for j := range 11 { // opens the second connection
+					send(fmt.Sprintf("o%d.example.", j))
+				}
+			case 60:
+				p.tickHold.Store(&hook)
+			}
+			if after, _ := p.overdueAfter(); after != 0 {
+				inForce = true
+			}
+			send(fmt.Sprintf("s%d.example.", i))
+			time.Sleep(gap)
+		}
+		time.Sleep(time.Until(time.Unix(0, heldAt.Load()+int64(hold+20*time.Microsecond))))
+		for i := range backlog { // the queries that came in the hold-up
+			send(fmt.Sprintf("b%d.example.", i))
+		}
+		load.Wait()
+		checkOutcomes(t, <-heldOut, func(string) time.Duration { return hold + time.Millisecond })
+		checkOutcomes(t, outs, func(string) time.Duration { return hold + time.Millisecond })
+		if m := p.Stats().Mode; m != ModeUnknown || !inForce {
+			t.Fatalf("Mode %v, overdueAfter in force: %v; want unknown and in force", m, inForce)
+		}
+		if d := int64(rec.get(func(r *recorder) int { return r.dials })) - dials.Load(); d != 0 {
+			t.Errorf("%d dials for the queries that came in the hold-up, want 0", d)
+		}
+	})
+}
+
+// heldConn is the client's end of a connection held up from *heldAt for
+// hold: a read returns at the hold-up's end on *early, 40µs later on any
+// other.
+type heldConn struct {
+	net.Conn
+	heldAt *atomic.Int64
+	hold   time.Duration
+	early  *atomic.Pointer[heldConn]
+}
+
+func (c *heldConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	at := c.heldAt.Load()
+	if at == 0 {
+		return n, err
+	}
+	end := at + int64(c.hold)
+	if c.early.Load() != c {
+		end += int64(40 * time.Microsecond)
+	}
+	if now := time.Now().UnixNano(); now < end {
+		time.Sleep(time.Duration(end - now)) // the hold-up, in virtual time: not a test waiting for a condition
+	}
+	return n, err
 }

@@ -267,6 +267,11 @@ func (p *Pool) sweepLoop() {
 		}
 		now := nanotime()
 		p.clock.Store(now)
+		if now-due > int64(lateTick) {
+			// Held up (see servedBy): the hold-up ended by now at the
+			// latest, and no query was in service in it (see overdue).
+			p.heldUntil.Store(now)
+		}
 		// Reads of every connection ever open, closed ones included: a
 		// total of the open ones alone lost each closing connection's
 		// reads, and against a server that cuts connections every few
