@@ -194,3 +194,34 @@ func TestWaiterThatLookedBeforeADialEndedDialsNone(t *testing.T) {
 		}
 	})
 }
+
+// A waiting query that takes a connection is no longer owed a dial from
+// that moment, not once acquireSlow unwinds: counted till then, a query that
+// found no connection idle dialled one more than the waiting queries. One
+// whose register fails stays owed its dial.
+func TestWaiterIsOwedNoDialOnceItTookAConnection(t *testing.T) {
+	c := newBareConn(t, 4)
+	p := c.pool
+	p.waiters.Add(2) // two queries in acquireSlow
+	taker := newTestCall(mustPrepare(t, "taker.example."))
+	taker.ticket = 1
+	if !p.seatWithin(c, taker, 4) {
+		t.Fatal("The first waiter's register failed")
+	}
+	if owed := p.owedDials(); owed != 1 {
+		t.Errorf("owedDials = %d with one of two waiters on a connection, want 1", owed)
+	}
+	late := newTestCall(mustPrepare(t, "late.example."))
+	late.ticket = 2
+	if p.seatWithin(c, late, 1) {
+		t.Fatal("The second waiter registered past its bound")
+	}
+	if owed := p.owedDials(); owed != 1 {
+		t.Errorf("owedDials = %d after a register failed, want 1: it still waits", owed)
+	}
+	p.stopWaiting(taker)
+	p.stopWaiting(late)
+	if w := p.waiters.Load(); w != 0 {
+		t.Errorf("%d waiters once both left, want 0", w)
+	}
+}
