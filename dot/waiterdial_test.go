@@ -159,13 +159,69 @@ func TestInOrderWaiterDialsAtOnce(t *testing.T) {
 			t.Fatalf("No connection frees before a dial would be done")
 		}
 		first := &call{}
-		if !p.dialForWaiter(first) || p.dialing.Load() != 1 {
+		if p.dialForWaiter(first, p.conns.Load()) != waitForDial || p.dialing.Load() != 1 {
 			t.Errorf("A first wait: dialling %d, want 1", p.dialing.Load())
 		}
 		again := &call{waited: true}
-		if !p.dialForWaiter(again) || p.dialing.Load() != 1 {
+		if p.dialForWaiter(again, p.conns.Load()) != waitForDial || p.dialing.Load() != 1 {
 			t.Errorf("A second look, its dial under way: dialling %d, want 1", p.dialing.Load())
 		}
 		checkOutcomes(t, busy(), func(string) time.Duration { return service })
 	})
+}
+
+// A query that looked at the connections while the pool's first dial was
+// under way, found none idle, and asks for a dial of its own once that dial
+// has ended, dials none: it looks again, and finds the new connection idle.
+// Asked of the dials alone (none under way by then), it dialled a second
+// connection for one query at a time (under -race, about 1 run in 1,000 of
+// TestOneUnansweredQueryIsNoStall: 2 handshakes).
+func TestWaiterThatLookedBeforeADialEndedDialsNone(t *testing.T) {
+	bubble(t, dottest.Options{}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		looked := p.conns.Load() // no connection yet
+		if _, err := exchange(p, "first.example."); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.dialForWaiter(&call{}, looked); got != lookAgain {
+			t.Errorf("dialForWaiter = %d, want lookAgain (%d)", got, lookAgain)
+		}
+		if d := p.dialing.Load(); d != 0 {
+			t.Errorf("Dialling %d, want 0: the connection the dial added is idle", d)
+		}
+		time.Sleep(10 * time.Millisecond) // past any dial's handshake
+		if h := s.Handshakes(); h != 1 {
+			t.Errorf("Handshakes = %d, want 1", h)
+		}
+	})
+}
+
+// A waiting query that takes a connection is no longer owed a dial from
+// that moment, not once acquireSlow unwinds: counted till then, a query that
+// found no connection idle dialled one more than the waiting queries. One
+// whose register fails stays owed its dial.
+func TestWaiterIsOwedNoDialOnceItTookAConnection(t *testing.T) {
+	c := newBareConn(t, 4)
+	p := c.pool
+	p.waiters.Add(2) // two queries in acquireSlow
+	taker := newTestCall(mustPrepare(t, "taker.example."))
+	taker.ticket = 1
+	if !p.seatWithin(c, taker, 4) {
+		t.Fatal("The first waiter's register failed")
+	}
+	if owed := p.owedDials(); owed != 1 {
+		t.Errorf("owedDials = %d with one of two waiters on a connection, want 1", owed)
+	}
+	late := newTestCall(mustPrepare(t, "late.example."))
+	late.ticket = 2
+	if p.seatWithin(c, late, 1) {
+		t.Fatal("The second waiter registered past its bound")
+	}
+	if owed := p.owedDials(); owed != 1 {
+		t.Errorf("owedDials = %d after a register failed, want 1: it still waits", owed)
+	}
+	p.stopWaiting(taker)
+	p.stopWaiting(late)
+	if w := p.waiters.Load(); w != 0 {
+		t.Errorf("%d waiters once both left, want 0", w)
+	}
 }

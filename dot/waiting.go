@@ -56,7 +56,8 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 		p.waiters.Add(-1)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, errSaturated)
 	}
-	defer p.waiters.Add(-1)
+	cl.seated = false
+	defer p.stopWaiting(cl)
 	if cl.avoid != nil {
 		p.rescuers.Add(1)
 		defer p.rescuers.Add(-1)
@@ -86,6 +87,14 @@ func (p *Pool) acquireSlow(ctx context.Context, cl *call, other <-chan result, g
 		if err := w.wait(wake, p.recheckAfter()); err != nil {
 			return nil, err
 		}
+	}
+}
+
+// stopWaiting counts cl, leaving acquireSlow, out of p.waiters, unless it
+// was as it took its connection (seatWithin).
+func (p *Pool) stopWaiting(cl *call) {
+	if !cl.seated {
+		p.waiters.Add(-1)
 	}
 }
 
