@@ -54,8 +54,8 @@ func TestLearnedLimitEvictsQueriesBeyondIt(t *testing.T) {
 		if err := <-slowDone; err != nil {
 			t.Errorf("The slow query: %v", err)
 		}
-		if l := p.learned.limit.get(); l != limit-1 {
-			t.Errorf("Learned limit %d, want %d", l, limit-1)
+		if l := p.learned.limit.get(); l != limit {
+			t.Errorf("Learned limit %d, want %d", l, limit)
 		}
 	})
 }
@@ -72,8 +72,8 @@ func TestSmallLimitDialsForTheWaitingQueries(t *testing.T) {
 		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
 		warm := offer(p, 100, time.Millisecond, name)
 		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
-		if l := p.learned.limit.get(); l != 5 {
-			t.Fatalf("Learned limit %d after the warm-up, want 5", l)
+		if l := p.learned.limit.get(); l != 6 {
+			t.Fatalf("Learned limit %d after the warm-up, want 6", l)
 		}
 		// 2,000 QPS for half a second: each query needs its sixth of a
 		// connection, about 7 handshakes under way at once; at four at a
@@ -111,8 +111,8 @@ func TestLimitedSuccessorDialledOnce(t *testing.T) {
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		warm := offer(p, 100, time.Millisecond, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
-		if l := p.learned.limit.get(); l != 5 {
-			t.Fatalf("Learned limit %d after the warm-up, want 5", l)
+		if l := p.learned.limit.get(); l != 6 {
+			t.Fatalf("Learned limit %d after the warm-up, want 6", l)
 		}
 		time.Sleep(time.Second) // the warm-up's spares close
 		sm := sample(p)
@@ -206,9 +206,9 @@ func TestSilentConnectionsTeachTheLimit(t *testing.T) {
 		if h := int(s.Handshakes()); slowOnes > h {
 			t.Errorf("%d queries took over %v, want at most one per connection (%d)", slowOnes, slow/4, h)
 		}
-		// Silent after 19 answers: 19 less one, the margin (see queryLimit.learn).
-		if l := p.learned.limit.get(); l != limit-2 {
-			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		// Silent after 19 answers: 19: no margin below 50 (see queryLimit.learn).
+		if l := p.learned.limit.get(); l != limit-1 {
+			t.Errorf("Learned limit %d, want %d", l, limit-1)
 		}
 	})
 }
@@ -238,8 +238,8 @@ func TestSilentWhileAnsweringTeachesTheLimit(t *testing.T) {
 		// silence is looked for on the sweeper's ticks, not only on its
 		// full sweeps (every 100 ms), which took 184-205 ms.
 		srv.checkIgnored(t, out, 150*time.Millisecond)
-		if l := p.learned.limit.get(); l != limit-1 {
-			t.Errorf("Learned limit %d, want %d", l, limit-1)
+		if l := p.learned.limit.get(); l != limit {
+			t.Errorf("Learned limit %d, want %d", l, limit)
 		}
 	})
 }
@@ -277,8 +277,8 @@ func TestOneSilentConnectionSendsItsQueriesElsewhere(t *testing.T) {
 		if at := learnedAt(); at == 0 || at < start.Add(600*time.Millisecond).UnixNano() {
 			t.Errorf("Limit learned %v after the start, want at the silent connection's cut (600 ms or later; 0: never)", time.Duration(max(at-start.UnixNano(), 0)))
 		}
-		if l := p.learned.limit.get(); l != 19 {
-			t.Errorf("Learned limit %d, want 19: the cut after 20 answers, less the margin", l)
+		if l := p.learned.limit.get(); l != 20 {
+			t.Errorf("Learned limit %d, want 20: the cut after 20 answers (no margin below 50)", l)
 		}
 	})
 }
@@ -487,18 +487,19 @@ func TestEvictedAnswerDroppedAsEvicted(t *testing.T) {
 	}
 }
 
-// A limit learned from a cut after 34 answers is 33 (learn's margin), but
-// the server served 34 on a connection: a connection that wrote its 34th
-// query when the limit came keeps it, and only a query past 34 goes
-// elsewhere. Evicted at 33, each such 34th query was replayed on a
+// A limit learned from a cut after 50 answers is 49 (learn's margin), but
+// the server served 50 on a connection: a connection that wrote its 50th
+// query when the limit came keeps it, and only a query past 50 goes
+// elsewhere. Evicted at the limit, each such last query was replayed on a
 // connection dialled for it while the server still answered it on the old
 // one, which stayed open for that answer: a connection more for each, all at
 // once, as the pool's connections reached the limit together (steady
-// property seed 3: a limit of 34, 59 connections, 8 replays at the
-// learning; the pool held 62-76 connections at once against forward's 61).
+// property seed 3: a cut after 34, a limit of 33 then, 59 connections, 8
+// replays at the learning; the pool held 62-76 connections at once against
+// forward's 61).
 func TestLearnedLimitKeepsTheQueriesItsCutServed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const cutAfter = 34
+		const cutAfter = 50
 		c := newBareConn(t, 64)
 		p := c.pool
 		p.conns.Store(&[]*conn{c})
@@ -538,8 +539,8 @@ func TestDrainAtLimitWaitsForSlowAnswer(t *testing.T) {
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		warm := offer(p, 100, time.Millisecond, func(i int) string { return fmt.Sprintf("w%d.example.", i) })
 		checkOutcomes(t, warm, func(string) time.Duration { return time.Second })
-		if l := p.learned.limit.get(); l != 5 {
-			t.Fatalf("Learned limit %d after the warm-up, want 5", l)
+		if l := p.learned.limit.get(); l != 6 {
+			t.Fatalf("Learned limit %d after the warm-up, want 6", l)
 		}
 		replays := rec.get(func(r *recorder) int { return r.replays })
 		start := time.Now()
@@ -748,8 +749,8 @@ func TestSilenceSeenWithinAnAnswerTime(t *testing.T) {
 		if bound := 5 * answer; worst > bound {
 			t.Errorf("The slowest query (not a slow 20th) took %v, want at most %v", worst, bound)
 		}
-		if l := p.learned.limit.get(); l != limit-2 {
-			t.Errorf("Learned limit %d, want %d", l, limit-2)
+		if l := p.learned.limit.get(); l != limit-1 {
+			t.Errorf("Learned limit %d, want %d", l, limit-1)
 		}
 	})
 }

@@ -165,8 +165,8 @@ func TestSmallQueryLimitEveryQueryAnswered(t *testing.T) {
 	bubble(t, dottest.Options{CloseAfter: 3}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		out := offer(p, 40, 0, func(i int) string { return fmt.Sprintf("q%d.example.", i) })
 		checkOutcomes(t, out, func(string) time.Duration { return time.Second })
-		if l := p.learned.limit.get(); l != 2 {
-			t.Errorf("Learned query limit %d, want 2 (cuts after 3 answers, one in 50 kept as a margin, at least one)", l)
+		if l := p.learned.limit.get(); l != 3 {
+			t.Errorf("Learned query limit %d, want 3 (cuts after 3 answers, one in 50 kept as a margin, rounded down)", l)
 		}
 	})
 }

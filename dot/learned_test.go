@@ -36,8 +36,8 @@ func TestQueryLimitCountsLateAnswers(t *testing.T) {
 	outstanding.state.Store(callSent)
 	c.readFrames(&in)
 	c.closeFor(errServerClosed, CloseServer) // cut after 20 answers, 5 of them late
-	if got, want := c.pool.learned.limit.get(), int32(20-1); got != want {
-		t.Errorf("Query limit learned = %d, want %d (20 served, 1 in 50 margin, at least 1)", got, want)
+	if got, want := c.pool.learned.limit.get(), int32(20); got != want {
+		t.Errorf("Query limit learned = %d, want %d (20 served, 1 in 50 margin, rounded down)", got, want)
 	}
 }
 
@@ -275,14 +275,14 @@ func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
 			after  time.Duration // since the cut before
 			want   int32
 		}{
-			{6, restartWindow, 0},      // the first small cut: maybe a restart
-			{11, restartWindow, 0},     // unlike the last: still no policy
-			{10, restartWindow, 9},     // like the last (11, give or take one): a limit, one below the cut
-			{6, restartWindow, 9},      // unlike the last: the limit in force stays
-			{40, 2 * restartWindow, 9}, // 16 or more lowers it only if lower: 39 is not
-			{5, restartWindow, 4},      // like the last small one (6): lower
-			{20, time.Millisecond, 9},  // unlike the last, at once: a restart, and 4 is taken back
-			{5, time.Millisecond, 9},   // within the restart: nothing is learned
+			{6, restartWindow, 0},       // the first small cut: maybe a restart
+			{11, restartWindow, 0},      // unlike the last: still no policy
+			{10, restartWindow, 10},     // like the last (11, give or take one): a limit, the cut's (no margin below 50)
+			{6, restartWindow, 10},      // unlike the last: the limit in force stays
+			{40, 2 * restartWindow, 10}, // 16 or more lowers it only if lower: 40 is not
+			{5, restartWindow, 5},       // like the last small one (6): lower
+			{20, time.Millisecond, 10},  // unlike the last, at once: a restart, and 5 is taken back
+			{5, time.Millisecond, 10},   // within the restart: nothing is learned
 		} {
 			time.Sleep(step.after)
 			p.learnLimit(CloseServer, step.served, 1, false)
@@ -295,8 +295,8 @@ func TestQueryLimitSmallNeedsTwoLikeCuts(t *testing.T) {
 		p.learned.limit.n.Store(0)
 		time.Sleep(2 * restartWindow)
 		p.learnLimit(CloseServer, 30, 1, false)
-		if got := p.learned.limit.get(); got != 29 {
-			t.Fatalf("A cut at 30 answers: limit %d, want 29", got)
+		if got := p.learned.limit.get(); got != 30 {
+			t.Fatalf("A cut at 30 answers: limit %d, want 30", got)
 		}
 		time.Sleep(time.Millisecond)
 		p.learnLimit(CloseServer, 12, 1, false)
@@ -319,8 +319,8 @@ func TestQueryLimitRestartTakesBackEveryCut(t *testing.T) {
 		for _, served := range []int{35, 35} {
 			p.learnLimit(CloseServer, served, 1, false)
 		}
-		if got := p.learned.limit.get(); got != 34 {
-			t.Fatalf("Two cuts at 35 answers: limit %d, want 34", got)
+		if got := p.learned.limit.get(); got != 35 {
+			t.Fatalf("Two cuts at 35 answers: limit %d, want 35", got)
 		}
 		p.learnLimit(CloseServer, 5, 1, false)
 		if got := p.learned.limit.get(); got != 0 {
@@ -348,8 +348,8 @@ func TestQueryLimitRefutedByAConnThatServedMore(t *testing.T) {
 		}
 		time.Sleep(2 * restartWindow)
 		p.learnLimit(CloseServer, 36, 1, false) // give or take one: as alike allows
-		if got := p.learned.limit.get(); got != 35 {
-			t.Errorf("A cut at 36 answers with a connection that served 37 open: limit %d, want 35", got)
+		if got := p.learned.limit.get(); got != 36 {
+			t.Errorf("A cut at 36 answers with a connection that served 37 open: limit %d, want 36", got)
 		}
 	})
 }
@@ -364,8 +364,8 @@ func TestQueryLimitIdleCutShowsRestart(t *testing.T) {
 		p := newBareConn(t, 64).pool
 		time.Sleep(2 * restartWindow)
 		p.learnLimit(CloseServer, 36, 1, false)
-		if got := p.learned.limit.get(); got != 35 {
-			t.Fatalf("A cut at 36 answers: limit %d, want 35", got)
+		if got := p.learned.limit.get(); got != 36 {
+			t.Fatalf("A cut at 36 answers: limit %d, want 36", got)
 		}
 		p.learnLimit(CloseServer, 11, 0, false)
 		if got := p.learned.limit.get(); got != 0 {
@@ -412,8 +412,8 @@ func TestQueryLimitCutsAtAnswersTogetherTeachIt(t *testing.T) {
 		}
 		time.Sleep(3 * time.Millisecond)
 		p.learnLimit(CloseServer, 25, 0, true)
-		if got := p.learned.limit.get(); got != 24 {
-			t.Errorf("Connections cut at their 25th answer 3 ms apart: limit %d, want 24", got)
+		if got := p.learned.limit.get(); got != 25 {
+			t.Errorf("Connections cut at their 25th answer 3 ms apart: limit %d, want 25", got)
 		}
 	})
 }
@@ -441,7 +441,7 @@ func TestQueryLimitSmallCutsAtAnswersTeachNone(t *testing.T) {
 		}
 		time.Sleep(2 * restartWindow)
 		cutsAtAnswer(p, 2, minLearnedLimit)
-		if got, want := p.learned.limit.get(), int32(minLearnedLimit-1); got != want {
+		if got, want := p.learned.limit.get(), int32(minLearnedLimit); got != want {
 			t.Errorf("Connections cut at their %dth answer a millisecond apart: limit %d, want %d", minLearnedLimit, got, want)
 		}
 	})
@@ -455,8 +455,8 @@ func TestQueryLimitSmallCutsAtAnswersTeachNone(t *testing.T) {
 func TestLimitProbeRefutesPastTheTeachingCut(t *testing.T) {
 	for _, tc := range []struct{ cut, served, want int }{
 		{100, 100, 0}, {100, 101, 0}, {100, 102, 98},
-		{30, 31, 0}, {30, 32, 29},
-		{6, 7, 0}, {6, 8, 5},
+		{30, 31, 0}, {30, 32, 30},
+		{6, 7, 0}, {6, 8, 6},
 		{1049, 1051, 0}, {1049, 1052, 1029},
 	} {
 		c := newBareConn(t, 64)
@@ -493,8 +493,8 @@ func TestSilencesTeachTheLimitAmidIdleCuts(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 		p.learnSilence(other, 22)
-		if got := p.learned.limit.get(); got != 21 {
-			t.Errorf("A second connection silent after 22 answers, 3 ms after idle cuts: limit %d, want 21", got)
+		if got := p.learned.limit.get(); got != 22 {
+			t.Errorf("A second connection silent after 22 answers, 3 ms after idle cuts: limit %d, want 22", got)
 		}
 	})
 }
@@ -605,8 +605,8 @@ func TestQueryLimitRefutedByTheDeepestServed(t *testing.T) {
 		}
 		time.Sleep(2 * restartWindow)
 		cutsAtAnswer(p, 2, 21) // give or take one: as alike allows
-		if got := p.learned.limit.get(); got != 20 {
-			t.Errorf("Connections cut at their 21st answer 1 ms apart, the 22nd query served: limit %d, want 20", got)
+		if got := p.learned.limit.get(); got != 21 {
+			t.Errorf("Connections cut at their 21st answer 1 ms apart, the 22nd query served: limit %d, want 21", got)
 		}
 	})
 }

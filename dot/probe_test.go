@@ -162,7 +162,7 @@ func TestCutAtTheDepthUnderTheProbeTeachesNoLimit(t *testing.T) {
 		name     string
 		probedTo int32
 		want     int32
-	}{{"the probe on", depth + unprovenDepth, 0}, {"the probe handed back", depth, depth - 1}} {
+	}{{"the probe on", depth + unprovenDepth, 0}, {"the probe handed back", depth, depth}} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				first := newBareConn(t, 8)

@@ -71,14 +71,14 @@ func TestServerRestartTeachesNoLimit(t *testing.T) {
 // dropped: the pool closes its connections at a learned limit, so that none
 // shows the server would serve more, but every limitProbeEvery a new one goes
 // past it (issue 21: a wrong belief corrected by what the pool measures).
-// Without the probe, a limit of 29 taught by one cut held for learnedTTL.
+// Without the probe, a limit of 30 taught by one cut held for learnedTTL.
 func TestWrongQueryLimitUnlearned(t *testing.T) {
 	bubble(t, dottest.Options{}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
 		name := func(i int) string { return fmt.Sprintf("q%d.example.", i) }
 		time.Sleep(2 * restartWindow)
 		p.learnLimit(CloseServer, 30, 1, false) // as if the server had cut a connection after 30 answers
-		if l := p.learned.limit.get(); l != 29 {
-			t.Fatalf("Limit %d after a cut at 30 answers, want 29", l)
+		if l := p.learned.limit.get(); l != 30 {
+			t.Fatalf("Limit %d after a cut at 30 answers, want 30", l)
 		}
 		const gap, within = 2 * time.Millisecond, limitProbeEvery + 2*time.Second
 		wait := offerFor(p, int(within/gap), gap, name)
