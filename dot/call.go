@@ -26,7 +26,7 @@ type call struct {
 	id       uint16       // connection-local ID, set under conn.mu by register
 	seq      uint32       // its place in the connection's write order (from 1), set by the writer before it is sent
 	nth      int          // its place among the calls the connection accepted (from 1), set under conn.mu by register
-	seated   bool         // acquireSlow's: it counted out of p.waiters as it took its connection (seatWithin)
+	seated   bool         // the query's goroutine only, no lock (seatWithin, stopWaiting): it counted out of p.waiters as it took its connection
 	trial    bool         // the call is one of a record trial's two queries (see records.go)
 
 	callerDeadline bool // deadline is the caller's, not ReadTimeout

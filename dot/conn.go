@@ -38,7 +38,7 @@ type conn struct {
 	taken     atomic.Int32 // accepted, for pick's lock-free read (see call.within); written under mu
 	unusable  atomic.Bool  // closed, draining or failed to write; written under mu
 	closed    atomic.Bool  // closed; written under mu (before unusable)
-	nearEnd   atomic.Bool  // half the learned query limit taken, or near MaxAge: time to dial its successor
+	nearEnd   atomic.Bool  // from nearEndAfter on (half the learned query limit where filled in turn), or near MaxAge: time to dial its successor
 	reads     atomic.Int64 // frames read so far: "read nothing since" is exact, needs no clock
 	lastUsed  atomic.Int64 // pool clock (coarse) of the last query registered or answered
 	blockedAt atomic.Int64 // reads+1 when the sweeper found it blocked: blocked until the next frame is read
@@ -287,7 +287,7 @@ type avail uint8
 const (
 	availTaking   avail = iota // takes new queries
 	availQuiet                 // takes them, last: it read nothing for the rescue delay with queries waiting
-	availNearEnd               // takes them; its successor is due (half the query limit, or near MaxAge)
+	availNearEnd               // takes them; its successor is due (nearEndAfter, or near MaxAge)
 	availBlocked               // takes none until it reads again: blocked behind a slow answer (rescue.go)
 	availDraining              // takes none again: draining, or its writer failed; closes soon
 	availClosed                // closed; the pool forgets it

@@ -64,7 +64,7 @@ func TestLearnedLimitEvictsQueriesBeyondIt(t *testing.T) {
 // handshake is 20 ms, an answer 0.4 ms): once the limit is known, the queries
 // waiting for a connection get a dial per six of them, as forward dials one
 // per query, not the out-of-order cap of four at a time, which serves at
-// most 4 × 5 queries a handshake (1,000 QPS) while 2,000 are offered.
+// most 4 × 6 queries a handshake (1,200 QPS) while 2,000 are offered.
 func TestSmallLimitDialsForTheWaitingQueries(t *testing.T) {
 	const handshake = 20 * time.Millisecond
 	opts := dottest.Options{CloseAfter: 6, Delay: func(dns.Question) time.Duration { return 400 * time.Microsecond }}
@@ -698,7 +698,7 @@ func TestLimitedConnectionsUsedUpOneAfterAnother(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		if want := steady/(limit-1) + 2; len(used) > want {
+		if want := steady/limit + 2; len(used) > want {
 			t.Errorf("%d steady queries, one at a time, went to %d connections, want at most %d (used up one after another)", steady, len(used), want)
 		}
 	})

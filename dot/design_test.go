@@ -57,6 +57,7 @@ func TestDesignNumbers(t *testing.T) {
 		"minSilentBeyond":          minSilentBeyond,
 		"manySilentBeyond":         manySilentBeyond,
 		"minRescueDelay":           minRescueDelay,
+		"lateTick":                 lateTick,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
 		"minQueueDepth":            minQueueDepth,

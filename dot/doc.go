@@ -133,6 +133,10 @@
 //     timed, each query goes to a connection with nothing outstanding or
 //     waits for one dialled for it, as forward sends them (oneEach); a burst
 //     before the first answer shares one.
+//   - hold-up: a stretch in which the pool's own process did not run (a GC,
+//     a descheduled thread: a busy machine's hiccup), measured by a sweeper
+//     tick that ran past lateTick (noteHoldUp); the upstream's answers of it
+//     wait unread, and no query counts as in service through it (overdue).
 //   - rescue: a query stuck on a blocked connection is sent once more on another
 //     (idle) connection; the first answer of the two attempts wins (firstOfTwo),
 //     the other is given up and its late answer dropped (reason rescued). A
@@ -142,8 +146,8 @@
 //     just-written one on purpose, so that an upstream that starts answering
 //     out of order shows it; slow and unknown, only while the load holds
 //     steady (orderCheckRolled). (A probe is the plugin's health probe.)
-//   - near its end: a connection past half the query limit (one query at a
-//     time: with only a dial's time of answers left, see nearEndAfter) or
+//   - near its end: a connection past half the query limit (one each: with
+//     only a dial's time of answers left, see nearEndAfter) or
 //     close to MaxAge; its successor is dialled then (make before break).
 //   - taking: a connection that takes new queries: its state (conn.avail) is
 //     taking, quiet or near its end, not blocked, draining or closed. One census

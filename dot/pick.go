@@ -390,6 +390,7 @@ func (p *Pool) seatWithin(c *conn, cl *call, limit int) bool {
 	p.waiters.Add(-1)
 	if c.registerWithin(cl, limit) {
 		cl.seated = true
+		p.endSpared(cl) // with its count: spared but out of waiters, it made owedDials one short
 		return true
 	}
 	p.waiters.Add(1)

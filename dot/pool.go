@@ -48,7 +48,8 @@ type Pool struct {
 	readsGrewAt   int64                   // sweeper only: unix ns of the last tick at which the connections' reads grew (see silentBeyondLocked)
 	closedReads   atomic.Int64            // frames read by the connections no longer in conns: the sweeper's read total goes on past their close (see sweep)
 	servingAt     atomic.Int64            // readsGrewAt for the hot path, but at a late tick the latest served answer's arrival (see servedBy, queueDepth)
-	heldUntil     atomic.Int64            // unix ns of the last late sweeper tick (written by the sweeper): the pool's process was held up until then at the latest (see overdue)
+	heldUntil     atomic.Int64            // unix ns of the last late sweeper tick (written by the sweeper, noteHoldUp): the pool's process was held up until then at the latest (see overdue)
+	heldFor       atomic.Int64            // ns: how late that tick ran, the hold-up's length (written by the sweeper, noteHoldUp)
 	askedAt       atomic.Int64            // unix ns when a query went out with the sweeper idle (kickSweeper): the upstream read nothing before, asked nothing (see dearQueue)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's

@@ -368,8 +368,8 @@ func alike(a, b int) bool { return a >= b-1 && a <= b+1 }
 // checkQueryLimitLocked applies the learned query limit to what the connection has
 // accepted: from nearEndAfter on, its successor is dialled. c.mu must be held.
 func (c *conn) checkQueryLimitLocked() {
-	if c.queryLimit > 0 && c.accepted >= c.pool.nearEndAfter(c.queryLimit) {
-		c.nearEnd.Store(true)
+	if c.queryLimit > 0 && !c.nearEnd.Load() && c.accepted >= c.pool.nearEndAfter(c.queryLimit) {
+		c.nearEnd.Store(true) // once: nearEndAfter reads the mode's atomics and divides
 	}
 	if c.queryLimit > 0 && c.accepted >= c.queryLimit {
 		// The server cuts connections after about this many queries: stop here so
@@ -382,7 +382,7 @@ func (c *conn) checkQueryLimitLocked() {
 // takes before it is near its end and its successor is dialled. Filled in
 // turn, it may take a query as often as they come: from half the limit on (a
 // handshake takes longer than the server takes to answer a quarter of it).
-// One query at a time (oneEach), it takes at most one an answer time, so its
+// One each (oneEach), it takes at most one an answer time, so its
 // last ones take that many answer times: the successor is due once they take
 // a dial's time or less, and with answers longer than a dial, at its last
 // query, when forward, which dials as a query finds none idle, would. From

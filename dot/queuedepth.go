@@ -173,16 +173,27 @@ func (p *Pool) overdueAfter() (after, now int64) {
 }
 
 // overdue reports whether c's next query has been in service longer than
-// after (see overdueAfter) at now: at the least since the latest of c's last
-// serve, its last write and the pool's last hold-up (heldUntil). After a
-// hold-up the readers run in any order: one connection's backlog read made
-// the upstream look served (servingAt, even at the late tick: servedBy),
-// while another's query, its answer unread behind the hold-up, looked in
-// service since before it, and the queries of the hold-up's backlog passed
-// over that connection and dialled (TestUnknownModeHeldUpReadsOneFirstDialsNone:
-// 4-16 dials in 6 of 6 runs without heldUntil).
+// after (see overdueAfter) at now: since the later of c's last serve and its
+// last write, less the part of the pool's last hold-up (heldUntil, heldFor)
+// that came after it. After a hold-up the readers run in any order: one
+// connection's backlog read made the upstream look served (servingAt, even
+// at the late tick: servedBy), while another's query, its answer unread
+// behind the hold-up, looked in service since before it, and the queries of
+// the hold-up's backlog passed over that connection and dialled
+// (TestUnknownModeHeldUpReadsOneFirstDialsNone: 4-16 dials in 6 of 6 runs
+// without it). Only the hold-up's length is taken off, not the time before
+// it: on a loaded machine ticks run past lateTick every few ticks, and a
+// query's time counted from the last of them was never overdue.
 func (c *conn) overdue(after, now int64) bool {
-	return after != 0 && c.load.Load() > 0 && now-max(c.servedAt.Load(), c.wroteAt.Load(), c.pool.heldUntil.Load()) > after
+	if after == 0 || c.load.Load() == 0 {
+		return false
+	}
+	since := max(c.servedAt.Load(), c.wroteAt.Load())
+	in := now - since
+	if end := c.pool.heldUntil.Load(); end > since {
+		in -= min(c.pool.heldFor.Load(), end-since)
+	}
+	return in > after
 }
 
 // awaitsItsDial reports whether cl, a query that waited for a connection

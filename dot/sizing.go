@@ -334,7 +334,7 @@ func (z *sizer) sample(now, reads, queued int64) {
 // that cuts connections at a learned query limit calls for. Filled in turn, a
 // connection near its end takes half the limit more queries, and its
 // successors must be ready before that: the answer rate times the dial time,
-// in such halves, and one. One query at a time (oneEach), a connection is
+// in such halves, and one. One each (oneEach), a connection is
 // near its end only once its last queries take a dial's time or less
 // (nearEndAfter): one successor for each such; the two kept regardless were
 // connections forward does not hold (TestInOrderLimitDialsSuccessorsOnlyNearTheCut).

@@ -267,10 +267,9 @@ func (p *Pool) sweepLoop() {
 		}
 		now := nanotime()
 		p.clock.Store(now)
-		if now-due > int64(lateTick) {
-			// Held up (see servedBy): the hold-up ended by now at the
-			// latest, and no query was in service in it (see overdue).
-			p.heldUntil.Store(now)
+		late := max(now-due, 0)
+		if late > int64(lateTick) {
+			p.noteHoldUp(now, late)
 		}
 		// Reads of every connection ever open, closed ones included: a
 		// total of the open ones alone lost each closing connection's
@@ -280,11 +279,11 @@ func (p *Pool) sweepLoop() {
 		// queries a dial where about 40 came, TestRegimeChurn).
 		closed := p.closedReads.Load()
 		conns := *p.conns.Load()
-		busy, reads := p.watch(now, max(now-due, 0), conns)
+		busy, reads := p.watch(now, late, conns)
 		reads += closed
 		if reads > p.sizer.total {
 			p.readsGrewAt = now // before size, which takes the new total
-			p.servingAt.Store(p.servedBy(now, due, conns))
+			p.servingAt.Store(p.servedBy(now, late, conns))
 		}
 		sweep := now >= next
 		if sweep {
@@ -333,8 +332,8 @@ func (p *Pool) sweepLoop() {
 // before: every tick stamped with the latest answer's arrival broke property
 // seed 142 (3 replays of 3), where overdueAfter passes over a slow name; in a
 // synctest bubble no tick runs late.
-func (p *Pool) servedBy(now, due int64, conns []*conn) int64 {
-	if now-due <= int64(lateTick) {
+func (p *Pool) servedBy(now, late int64, conns []*conn) int64 {
+	if late <= int64(lateTick) {
 		return now
 	}
 	at := p.servingAt.Load()
@@ -352,6 +351,16 @@ func (p *Pool) servedBy(now, due int64, conns []*conn) int64 {
 // late on an idle machine, and well under a hold-up that makes an answer
 // overdue (2 × minWatchInterval).
 const lateTick = minWatchInterval / 5
+
+// noteHoldUp records a hold-up of the pool's process that a sweeper tick
+// late by late, at now, measured (see lateTick): it ended by now at the
+// latest and lasted about late, and no query was served in it by the pool's
+// reckoning (see overdue). The length is stored before the end, so that a
+// query that reads the new end reads a length at least as recent.
+func (p *Pool) noteHoldUp(now, late int64) {
+	p.heldFor.Store(late)
+	p.heldUntil.Store(now)
+}
 
 // kickSweeper wakes the sweeper if it ticks slowly (nothing was outstanding):
 // a query is now, and a connection it blocks must be seen within a fast tick.
