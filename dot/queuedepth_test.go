@@ -330,43 +330,7 @@ func heldUpPool(t *testing.T, lead, hold time.Duration) {
 				}()
 			}
 		}
-		var load sync.WaitGroup
-		outs := make([]regimeOutcome, 0, 200)
-		var mu sync.Mutex
-		send := func(name string) {
-			load.Go(func() {
-				start := time.Now()
-				_, err := exchange(p, name)
-				mu.Lock()
-				outs = append(outs, regimeOutcome{name, time.Since(start), err})
-				mu.Unlock()
-			})
-		}
-		inForce := false // overdueAfter set a time under the steady load
-		for i := 0; heldAt.Load() == 0; i++ {
-			if i == 60 {
-				p.tickHold.Store(&hook)
-			}
-			if after, _ := p.overdueAfter(); after != 0 {
-				inForce = true
-			}
-			send(fmt.Sprintf("s%d.example.", i))
-			time.Sleep(gap)
-		}
-		time.Sleep(time.Until(time.Unix(0, heldAt.Load()+int64(hold+20*time.Microsecond))))
-		for i := range int(hold / gap) { // the queries that came in the hold-up
-			send(fmt.Sprintf("b%d.example.", i))
-		}
-		load.Wait()
-		checkOutcomes(t, <-heldOut, func(string) time.Duration { return hold + time.Millisecond })
-		checkOutcomes(t, outs, func(string) time.Duration { return hold + time.Millisecond })
-		if m := p.Stats().Mode; m != ModeUnknown || !inForce {
-			t.Fatalf("Mode %v, overdueAfter in force under the load: %v; want unknown and in force (usual answer %v, spacing %v, dial %v)", m, inForce,
-				time.Duration(p.learned.mode.usual.Load()), time.Duration(p.learned.mode.spacing.Load()), time.Duration(p.dialTime.Load()))
-		}
-		if d := int64(rec.get(func(r *recorder) int { return r.dials })) - dials.Load(); d != 0 {
-			t.Errorf("%d dials for the queries that came in the hold-up, want 0", d)
-		}
+		heldUpLoad(t, p, rec, heldUp{hook: &hook, heldAt: &heldAt, hold: hold, gap: gap, backlog: int(hold / gap), dials: &dials, heldOut: heldOut})
 	})
 }
 
@@ -425,48 +389,74 @@ func TestUnknownModeHeldUpReadsOneFirstDialsNone(t *testing.T) {
 				time.Sleep(hold + 10*time.Microsecond)
 			}
 		}
-		var load sync.WaitGroup
-		outs := make([]regimeOutcome, 0, 200)
-		var mu sync.Mutex
-		send := func(name string) {
-			load.Go(func() {
-				start := time.Now()
-				_, err := exchange(p, name)
-				mu.Lock()
-				outs = append(outs, regimeOutcome{name, time.Since(start), err})
-				mu.Unlock()
-			})
-		}
-		inForce := false
-		for i := 0; heldAt.Load() == 0; i++ {
-			switch i {
-			case 30:
-				for j := range 11 { // opens the second connection
-					send(fmt.Sprintf("o%d.example.", j))
-				}
-			case 60:
-				p.tickHold.Store(&hook)
-			}
-			if after, _ := p.overdueAfter(); after != 0 {
-				inForce = true
-			}
-			send(fmt.Sprintf("s%d.example.", i))
-			time.Sleep(gap)
-		}
-		time.Sleep(time.Until(time.Unix(0, heldAt.Load()+int64(hold+20*time.Microsecond))))
-		for i := range backlog { // the queries that came in the hold-up
-			send(fmt.Sprintf("b%d.example.", i))
-		}
-		load.Wait()
-		checkOutcomes(t, <-heldOut, func(string) time.Duration { return hold + time.Millisecond })
-		checkOutcomes(t, outs, func(string) time.Duration { return hold + time.Millisecond })
-		if m := p.Stats().Mode; m != ModeUnknown || !inForce {
-			t.Fatalf("Mode %v, overdueAfter in force: %v; want unknown and in force", m, inForce)
-		}
-		if d := int64(rec.get(func(r *recorder) int { return r.dials })) - dials.Load(); d != 0 {
-			t.Errorf("%d dials for the queries that came in the hold-up, want 0", d)
-		}
+		heldUpLoad(t, p, rec, heldUp{hook: &hook, heldAt: &heldAt, hold: hold, gap: gap, backlog: backlog, burst: 11, dials: &dials, heldOut: heldOut})
 	})
+}
+
+// heldUp is what heldUpLoad runs: the sweeper's hook (armed at the 60th query
+// of the steady load), which starts the hold-up (heldAt) and stores the dials
+// before it; the queries of the hold-up's backlog; a burst at the 30th query
+// (0: none); and where the hook's own queries report.
+type heldUp struct {
+	hook    *func()
+	heldAt  *atomic.Int64
+	hold    time.Duration
+	gap     time.Duration // between the steady load's queries
+	backlog int
+	burst   int
+	dials   *atomic.Int64
+	heldOut chan []regimeOutcome
+}
+
+// heldUpLoad sends a steady load every h.gap until the hold-up starts, then,
+// as it ends, its backlog, and checks that every query was answered in time,
+// that the mode stayed unknown with overdueAfter in force, and that the
+// backlog dialled none.
+func heldUpLoad(t *testing.T, p *Pool, rec *recorder, h heldUp) {
+	t.Helper()
+	var load sync.WaitGroup
+	outs := make([]regimeOutcome, 0, 200)
+	var mu sync.Mutex
+	send := func(name string) {
+		load.Go(func() {
+			start := time.Now()
+			_, err := exchange(p, name)
+			mu.Lock()
+			outs = append(outs, regimeOutcome{name, time.Since(start), err})
+			mu.Unlock()
+		})
+	}
+	inForce := false // overdueAfter set a time under the steady load
+	for i := 0; h.heldAt.Load() == 0; i++ {
+		switch i {
+		case 30:
+			for j := range h.burst { // opens more connections
+				send(fmt.Sprintf("o%d.example.", j))
+			}
+		case 60:
+			p.tickHold.Store(h.hook)
+		}
+		if after, _ := p.overdueAfter(); after != 0 {
+			inForce = true
+		}
+		send(fmt.Sprintf("s%d.example.", i))
+		time.Sleep(h.gap)
+	}
+	time.Sleep(time.Until(time.Unix(0, h.heldAt.Load()+int64(h.hold+20*time.Microsecond))))
+	for i := range h.backlog { // the queries that came in the hold-up
+		send(fmt.Sprintf("b%d.example.", i))
+	}
+	load.Wait()
+	late := func(string) time.Duration { return h.hold + time.Millisecond }
+	checkOutcomes(t, <-h.heldOut, late)
+	checkOutcomes(t, outs, late)
+	if m := p.Stats().Mode; m != ModeUnknown || !inForce {
+		t.Fatalf("Mode %v, overdueAfter in force under the load: %v; want unknown and in force (usual answer %v, spacing %v, dial %v)", m, inForce,
+			time.Duration(p.learned.mode.usual.Load()), time.Duration(p.learned.mode.spacing.Load()), time.Duration(p.dialTime.Load()))
+	}
+	if d := int64(rec.get(func(r *recorder) int { return r.dials })) - h.dials.Load(); d != 0 {
+		t.Errorf("%d dials for the queries that came in the hold-up, want 0", d)
+	}
 }
 
 // heldConn is the client's end of a connection held up from *heldAt for
