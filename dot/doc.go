@@ -19,7 +19,8 @@
 //
 //   - pool.go: the Pool: dialing, a connection's end, Stats, closing.
 //   - waiting.go: the waiting room: a query no connection has room for
-//     waits, bounded, for a slot, a dial or its deadline.
+//     waits, bounded, for a slot, a dial or its deadline (dialForWaiter: one
+//     dial per waiting query; seatWithin: it counts out as it takes one).
 //   - waitorder.go: its order: one query a connection, an idle one goes to
 //     the query that has waited longest.
 //   - pick.go: the hot path: picking a connection for a call as the mode says
@@ -57,6 +58,9 @@
 //   - sweep.go: the pool's timer: every tick (fast while queries are out) the
 //     watch for blocked and silent connections and the sizing; every
 //     sweepInterval timeouts, tombstones, stall, drain, idle, and learning.
+//   - holdup.go: a hold-up of the pool's process, measured by a late tick
+//     (lateTick): how it dates the reads (servedBy) and a query's time in
+//     service (noteHoldUp, overdue).
 //   - learned.go: what the pool learns of its upstream (record verdict, mode and
 //     usual answer time), and how the mode is decided from the evidence.
 //   - answerlog.go: the answer log the mode is learned from: what one

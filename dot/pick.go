@@ -372,31 +372,6 @@ func (p *Pool) pickIdle(cl *call) *conn {
 	return nil
 }
 
-// seatWithin registers cl on c within limit (see registerWithin). A waiter
-// in the order (ticket) counts out of p.waiters before it registers, not as
-// acquireSlow unwinds after: counted till then, it was still owed a dial
-// (owedDials), and a query that found no connection idle meanwhile dialled
-// one more than the waiting queries (under -race, a dial more than the
-// arrivals about twice a run of TestSlowUpstreamGetsForwardsConnectionsBeforeItsFirstAnswer,
-// and at the load's end, 401 dials for 400 queries). Counted out first, a
-// register that fails leaves the count a query short for a moment: a query
-// that asks then waits without a dial of its own until it looks again,
-// never dials one more. Queries that have not waited, a fast upstream's,
-// only test the ticket.
-func (p *Pool) seatWithin(c *conn, cl *call, limit int) bool {
-	if cl.ticket == 0 {
-		return c.registerWithin(cl, limit)
-	}
-	p.waiters.Add(-1)
-	if c.registerWithin(cl, limit) {
-		cl.seated = true
-		p.endSpared(cl) // with its count: spared but out of waiters, it made owedDials one short
-		return true
-	}
-	p.waiters.Add(1)
-	return false
-}
-
 // warmOrder returns how many of the n oldest connections pickIdle takes in
 // turn (the warm ones: what the load needed over the last inOrderKeep, see
 // keepInOrder) and where this pick's turn starts among them. Taken always
@@ -440,59 +415,6 @@ func (p *Pool) burstSince(cl *call) int64 {
 	}
 	return nanotime() - int64(shareWindow)
 }
-
-// dialForWaiter is for a query that found no connection it should go on
-// (pickIdle): it reports whether a dial is under way for it (waitForDial;
-// noDial if none may start), one per waiting query (those in acquireSlow,
-// this one included when it waits again; rescues not: they yield to these,
-// see pickIdle), starting a dial if there are fewer, so that the query may
-// wait. It takes whichever comes first, the
-// dial or a busy connection that frees (acquireSlow), as forward does.
-//
-// It used to bet on a busy connection whose answer was due before a dial
-// would be done (freeingSoon) and dial nothing: that saved a connection when
-// the answer came when due, and cost up to a dial's time more when it was a
-// slow one (property seeds 33, 37, 92 and 196 over forward's p99: 92 in 6 of
-// 6 strict runs, 0 of 6 without the bet), while the connection counts the bet
-// was for stayed as they were without it (12-14 seeds over the model's per
-// strict run either way).
-//
-// It starts none, and the caller looks again (lookAgain), if it would start
-// one but the connections changed since the caller's look (looked, its
-// snapshot of p.conns): a dial that ended in between added one, idle, and
-// counts under way no more. Asked before the dials under way (every change
-// sent the query round again, even where it was owed one of them), the
-// pool's cold start against a fast upstream opened many more connections
-// (BenchmarkPoolExchange: 20-63 in 5 of 6 rounds, against 1-4 on the base). Asked
-// of the dials alone, a query that started the pool's first dial and found
-// it done by then dialled a second connection for itself, the first one
-// idle (under -race, TestOneUnansweredQueryIsNoStall and the root package's
-// TestProbesReusePooledConnection: 2 handshakes for one query at a time in
-// about 1 run in 4,000). Only a waiter's path asks: a query that found a
-// connection idle, a fast upstream's every query, never comes here.
-func (p *Pool) dialForWaiter(cl *call, looked *[]*conn) waiterDial {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.dials > 0 && p.owedDials() <= p.dials || p.checkOwesWaiter(cl) {
-		return waitForDial
-	}
-	if p.conns.Load() != looked {
-		return lookAgain
-	}
-	if p.startDialLocked(0, true) {
-		return waitForDial
-	}
-	return noDial
-}
-
-// waiterDial is what dialForWaiter tells a query that found no connection idle.
-type waiterDial int
-
-const (
-	noDial      waiterDial = iota // no dial may start: the query goes on a busy connection
-	waitForDial                   // a dial is under way for it, or a check spares it one: it waits
-	lookAgain                     // the connections changed since it looked: it looks again
-)
 
 // dialForRescue starts a dial, within what the load needs (see neededNow),
 // for a rescue of a query stuck on c that waits for a connection with nothing
