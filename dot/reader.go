@@ -163,17 +163,20 @@ func (c *conn) askLearnLocked(ordered, spacing, waited bool) {
 		// queue grows by every arrival until it is learned; not for a
 		// connection's counts alone: learnt more often, the evidence,
 		// which decays by update, decayed sooner (property seed 168:
-		// in order learned at 1.44 s, not 0.73). Waited
-		// answers count across connections (waitedSuffices), while the
-		// mode is unknown.
+		// in order learned at 1.44 s, not 0.73). Waited answers count
+		// across connections (waitedSuffices), while the mode is
+		// unknown.
 		c.pool.learnDue.Store(true)
 		if ordered || spacing {
 			c.pool.kickLearn()
 		}
 	}
-	if waited {
+	if waited && !c.pool.learned.mode.spreadless.Load() {
 		// Woken for waited answers that suffice, even with a learn
-		// already due: until in order is learned, dearQueue puts the
+		// already due (not where a query a connection was left as
+		// sparing no wait: in order then needs a gain too, see decide,
+		// and a learn that cannot learn it only decays the evidence
+		// sooner). Until in order is learned, dearQueue puts the
 		// next arrival on the oldest connection, behind the query this
 		// answer let begin. That one is answered a whole answer time
 		// late, its connection busy for it meanwhile, and the query
