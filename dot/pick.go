@@ -227,6 +227,9 @@ func leastLoadedBlocked(conns []*conn, slots int32) (*conn, int32) {
 	return best, load
 }
 
+// pickLooks is how many times pickIdle looks at the connections for one pick.
+const pickLooks = 3
+
 // pickIdle, when queries go one to a connection (oneEach), registers cl on a
 // connection with nothing outstanding: the warm ones in turn, then the oldest
 // (see warmOrder). If there is none it returns nil,
@@ -238,6 +241,9 @@ func leastLoadedBlocked(conns []*conn, slots int32) (*conn, int32) {
 // dial when fewer than inOrderSpares idle ones are left (none are kept by
 // default: forward keeps none). A rescue takes no connection while a query
 // waits for one of its own.
+//
+// It looks up to pickLooks times: a register can fail to a query that took
+// the connection first, and a dial can end between a look and its ask.
 func (p *Pool) pickIdle(cl *call) *conn {
 	if cl.avoid != nil && p.waiters.Load() > p.rescuers.Load() {
 		// A rescue yields to a query that waits for a connection of its
@@ -258,12 +264,15 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		return nil // it waits for the pool's first connection
 	}
 	reach := p.probedReach() // a connection that took as many takes one query, idle (probe.go)
-	for range 3 {
+	for look := range pickLooks {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
 		within := p.cfg.MaxInflight // best takes cl only while it holds fewer (see registerWithin)
 		looked := p.conns.Load()    // the snapshot this look is of (see dialForWaiter)
 		conns := *looked
+		if look == pickLooks-1 {
+			looked = nil // the last look dials whatever changed (see dialForWaiter)
+		}
 		warm, turn := p.warmOrder(len(conns))
 		for i := range conns {
 			c := conns[inTurn(i, warm, turn)]
