@@ -144,8 +144,8 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			// and the query goes to the least loaded quiet one.
 			best, load, more = quiet, quietLoad, true
 		}
-		serving := best == nil && depth < slots && p.servedLately(served) // queues move: no pause
-		if best == nil && !serving && cl.avoid == nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
+		queuesMove := best == nil && depth < slots && p.servedLately(served) // queues move: no pause
+		if best == nil && !queuesMove && cl.avoid == nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
 			// Every connection is blocked, the pool takes that for the
 			// upstream pausing (see countsTowardCap), and they are as
 			// many as it opens: it dials no more. The query goes out on
@@ -153,7 +153,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			// pause to end: then it is answered as soon as the upstream
 			// resumes, as forward's would be, not an answer time or a
 			// move later (issue 21, seed 97). Not while queueBound
-			// bounds the queues and they are served (serving): then
+			// bounds the queues and they are served (queuesMove): then
 			// the connections with room are merely full to their
 			// bound, the blocked one is stuck behind a slow answer of
 			// its own, and the query goes as pickIdle sends it, below
@@ -166,7 +166,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 			within = slots
 		}
-		if best == nil && cl.within == 0 && (overdue || serving) {
+		if best == nil && cl.within == 0 && (overdue || queuesMove) {
 			// Every connection with room holds a queue that, were the
 			// upstream in order, would take longer than a dial, and
 			// queues are being served, or waits for an overdue answer:
@@ -227,6 +227,9 @@ func leastLoadedBlocked(conns []*conn, slots int32) (*conn, int32) {
 	return best, load
 }
 
+// pickLooks is how many times pickIdle looks at the connections for one pick.
+const pickLooks = 3
+
 // pickIdle, when queries go one to a connection (oneEach), registers cl on a
 // connection with nothing outstanding: the warm ones in turn, then the oldest
 // (see warmOrder). If there is none it returns nil,
@@ -238,6 +241,9 @@ func leastLoadedBlocked(conns []*conn, slots int32) (*conn, int32) {
 // dial when fewer than inOrderSpares idle ones are left (none are kept by
 // default: forward keeps none). A rescue takes no connection while a query
 // waits for one of its own.
+//
+// It looks up to pickLooks times: a register can fail to a query that took
+// the connection first, and a dial can end between a look and its ask.
 func (p *Pool) pickIdle(cl *call) *conn {
 	if cl.avoid != nil && p.waiters.Load() > p.rescuers.Load() {
 		// A rescue yields to a query that waits for a connection of its
@@ -258,12 +264,15 @@ func (p *Pool) pickIdle(cl *call) *conn {
 		return nil // it waits for the pool's first connection
 	}
 	reach := p.probedReach() // a connection that took as many takes one query, idle (probe.go)
-	for range 3 {
+	for look := range pickLooks {
 		var best *conn
 		load, idle := int32(p.cfg.MaxInflight), 0
 		within := p.cfg.MaxInflight // best takes cl only while it holds fewer (see registerWithin)
 		looked := p.conns.Load()    // the snapshot this look is of (see dialForWaiter)
 		conns := *looked
+		if look == pickLooks-1 {
+			looked = nil // the last look dials whatever changed (see dialForWaiter)
+		}
 		warm, turn := p.warmOrder(len(conns))
 		for i := range conns {
 			c := conns[inTurn(i, warm, turn)]

@@ -283,13 +283,17 @@ func (p *Pool) seatWithin(c *conn, cl *call, limit int) bool {
 // TestProbesReusePooledConnection: 2 handshakes for one query at a time in
 // about 1 run in 4,000). Only a waiter's path asks: a query that found a
 // connection idle, a fast upstream's every query, never comes here.
+// pickIdle's last look passes no snapshot (nil): sent round again there, the
+// query would leave pickIdle with no dial under way and wait for its
+// recheck, if the connections changed on each of its looks (a server that
+// cuts connections).
 func (p *Pool) dialForWaiter(cl *call, looked *[]*conn) waiterDial {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.dials > 0 && p.owedDials() <= p.dials || p.checkOwesWaiter(cl) {
 		return waitForDial
 	}
-	if p.conns.Load() != looked {
+	if looked != nil && p.conns.Load() != looked {
 		return lookAgain
 	}
 	if p.startDialLocked(0, true) {
