@@ -641,6 +641,8 @@ regime_run() {
 		ua0=$(fake_stat answers)
 	fi
 	drops0=$(udp_rcvbuf_errors)
+	local net0 net1
+	read -ra net0 < <(net_drops)
 	c0=$(cpu_ticks "$FRONT_PID")
 
 	dnsperf_run "$WORK/$tag.out" "$BENCH_REGIME_SECONDS" -v "${args[@]}"
@@ -653,6 +655,7 @@ regime_run() {
 	[ ${#samples[@]} -gt 0 ] || samples=("$(est_conns "$REG_CONN_PORT")")
 	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
 	c1=$(cpu_ticks "$FRONT_PID")
+	read -ra net1 < <(net_drops)
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during $reg"
 
 	local dials rep=0 to=0 hs=-1 uq=-1 ua=-1 cmed cmax
@@ -675,6 +678,8 @@ regime_run() {
 		-kv "conns_median=$cmed" -kv "conns_max=$cmax" -kvs "conn_samples=${samples[*]}" \
 		-kv "dials=$dials" -kv "upstream_handshakes=$hs" -kv "replays=$rep" -kv "timeouts=$to" \
 		-kv "upstream_queries=$uq" -kv "upstream_answers=$ua" \
+		-kv "udp_in_errors=$((net1[0] - net0[0]))" -kv "udp_sndbuf_errors=$((net1[1] - net0[1]))" \
+		-kv "udp_noports=$((net1[2] - net0[2]))" -kv "backlog_drops=$((net1[3] - net0[3]))" \
 		-kv "udp_rcvbuf_errors=$(($(udp_rcvbuf_errors) - drops0))" >>"$WORK/regimes.jsonl" ||
 		die "could not parse $WORK/$tag.out"
 	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
