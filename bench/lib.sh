@@ -143,6 +143,21 @@ udp_rcvbuf_errors() {
 	awk '$1 == "Udp:" { if (!h) { for (i = 2; i <= NF; i++) if ($i == "RcvbufErrors") c = i; h = 1 } else print $c }' /proc/net/snmp
 }
 
+# net_drops: counters of datagrams the kernel dropped or could not deliver,
+# machine-wide, besides udp_rcvbuf_errors: Udp InErrors (every UDP receive
+# error), SndbufErrors (a send that found its socket's buffer full), NoPorts (a
+# datagram to a port nobody listens on: an answer after its client closed its
+# socket) and the packets dropped off a CPU's backlog before any protocol saw
+# them (the second column of /proc/net/softnet_stat, summed), as
+# "inerrors sndbuf noports backlog". A lost query that moved none of them was
+# not lost in the kernel.
+net_drops() {
+	local udp backlog=0 dropped
+	udp=$(awk '$1 == "Udp:" { if (!h) { for (i = 2; i <= NF; i++) k[$i] = i; h = 1 } else print $k["InErrors"], $k["SndbufErrors"], $k["NoPorts"] }' /proc/net/snmp)
+	while read -r _ dropped _; do backlog=$((backlog + 16#$dropped)); done </proc/net/softnet_stat
+	echo "$udp $backlog"
+}
+
 # unbound_counter CONF NAME: a counter from `unbound-control stats_noreset`; dies
 # when it cannot be read (the checks of who forwarded what depend on it).
 unbound_counter() {

@@ -34,6 +34,8 @@
 #   BENCH_REGIME_SECONDS=10 BENCH_REGIME_WARMUP=2 BENCH_REGIME_CLIENTS=10 BENCH_REGIME_INFLIGHT=100
 #   BENCH_DOTFORWARD_OPTS=""  extra lines for dotforward's block in the regimes (";" or newline between options)
 #   BENCH_REGIMES_LABEL=""    a line at the top of regimes.md saying what the run is
+#   BENCH_REGIME_MODES="fwd-tls dotforward"  the regimes' modes (one alone: to hunt a rare failure; regimes.md then judges nothing)
+#   BENCH_KEEP_RUNS=""        non-empty: every regime run keeps its artefacts in $RESULTS/runs/ (a run that lost or failed queries always does)
 #   BENCH_HEDGE_SETTINGS="off 20ms auto" BENCH_HEDGE_ROUNDS=3 BENCH_HEDGE_QPS=2000 BENCH_HEDGE_SECONDS=10
 #   BENCH_HEDGE_WARMUP=3    the hedge phase's hedge settings ("_" for a space: auto_10), rounds, load, lengths
 #   BENCH_PORT_BASE=25300   ports BASE+1..BASE+41 on 127.0.0.1
@@ -82,6 +84,8 @@ BENCH_REGIME_SECONDS=${BENCH_REGIME_SECONDS:-10}
 BENCH_REGIME_WARMUP=${BENCH_REGIME_WARMUP:-2}
 BENCH_REGIME_CLIENTS=${BENCH_REGIME_CLIENTS:-10}
 BENCH_REGIME_INFLIGHT=${BENCH_REGIME_INFLIGHT:-100}
+BENCH_KEEP_RUNS=${BENCH_KEEP_RUNS:-}
+BENCH_REGIME_MODES=${BENCH_REGIME_MODES:-fwd-tls dotforward}
 BENCH_REGIMES_LABEL=${BENCH_REGIMES_LABEL:-}
 BENCH_HEDGE_SETTINGS=${BENCH_HEDGE_SETTINGS:-off 20ms auto}
 BENCH_HEDGE_ROUNDS=${BENCH_HEDGE_ROUNDS:-3}
@@ -630,8 +634,15 @@ regime_run() {
 		rep0=$(metric_sum coredns_dotforward_replays_total)
 		to0=$(metric_sum coredns_dotforward_timeouts_total)
 	fi
-	[ "$REG_FAKE" = 1 ] && hs0=$(fake_stat handshakes)
+	local uq0=0 ua0=0
+	if [ "$REG_FAKE" = 1 ]; then
+		hs0=$(fake_stat handshakes)
+		uq0=$(fake_stat queries)
+		ua0=$(fake_stat answers)
+	fi
 	drops0=$(udp_rcvbuf_errors)
+	local net0 net1
+	read -ra net0 < <(net_drops)
 	c0=$(cpu_ticks "$FRONT_PID")
 
 	dnsperf_run "$WORK/$tag.out" "$BENCH_REGIME_SECONDS" -v "${args[@]}"
@@ -644,15 +655,20 @@ regime_run() {
 	[ ${#samples[@]} -gt 0 ] || samples=("$(est_conns "$REG_CONN_PORT")")
 	dnsperf_wait || die "dnsperf failed for $tag: $(tail -3 "$WORK/$tag.out")"
 	c1=$(cpu_ticks "$FRONT_PID")
+	read -ra net1 < <(net_drops)
 	alive "$FRONT_PID" "$FRONT_NAME" || die "$mode died during $reg"
 
-	local dials rep=0 to=0 hs=-1 cmed cmax
+	local dials rep=0 to=0 hs=-1 uq=-1 ua=-1 cmed cmax
 	dials=$(($(metric_sum "$dialm") - d0))
 	if [ "$mode" = dotforward ]; then
 		rep=$(($(metric_sum coredns_dotforward_replays_total) - rep0))
 		to=$(($(metric_sum coredns_dotforward_timeouts_total) - to0))
 	fi
-	[ "$REG_FAKE" = 1 ] && hs=$(($(fake_stat handshakes) - hs0))
+	if [ "$REG_FAKE" = 1 ]; then
+		hs=$(($(fake_stat handshakes) - hs0))
+		uq=$(($(fake_stat queries) - uq0))
+		ua=$(($(fake_stat answers) - ua0))
+	fi
 	read -r cmed cmax < <(printf '%s\n' "${samples[@]}" | sort -n | awk '{ v[NR] = $1 } END {
 		m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m, v[NR] }')
 
@@ -661,19 +677,42 @@ regime_run() {
 		-kv "cpu_ticks=$((c1 - c0))" -kv "clk_tck=$CLK_TCK" -kv "rss_kb=$(rss_peak_kb "$FRONT_PID")" \
 		-kv "conns_median=$cmed" -kv "conns_max=$cmax" -kvs "conn_samples=${samples[*]}" \
 		-kv "dials=$dials" -kv "upstream_handshakes=$hs" -kv "replays=$rep" -kv "timeouts=$to" \
+		-kv "upstream_queries=$uq" -kv "upstream_answers=$ua" \
+		-kv "udp_in_errors=$((net1[0] - net0[0]))" -kv "udp_sndbuf_errors=$((net1[1] - net0[1]))" \
+		-kv "udp_noports=$((net1[2] - net0[2]))" -kv "backlog_drops=$((net1[3] - net0[3]))" \
 		-kv "udp_rcvbuf_errors=$(($(udp_rcvbuf_errors) - drops0))" >>"$WORK/regimes.jsonl" ||
 		die "could not parse $WORK/$tag.out"
 	grep -v '^> ' "$WORK/$tag.out" >"$WORK/$tag.summary" || true
-	rm -f "$WORK/$tag.out"
 	# The front's own counters at the end of the run (closes by reason, mode
 	# changes, rescues...): what explains a run that missed its targets.
 	http_get "$METRICS_PORT" /metrics | grep -E '^coredns_(dotforward|proxy|forward)_' >"$WORK/$tag.metrics" || true
+	# The same a second later: a query the front answers after dnsperf gave up on it
+	# moves its counters in between.
+	sleep 1
+	http_get "$METRICS_PORT" /metrics | grep -E '^coredns_(dotforward|proxy|forward)_' >"$WORK/$tag.metrics-1s" || true
 	stop_pid "$FRONT_PID"
 	local p
 	for p in "${REG_STOP[@]}"; do stop_pid "$p"; done
-	local q p5 p9 l
-	read -r q p5 p9 l < <(last_fields "$WORK/regimes.jsonl" qps p50_ms p99_ms lost)
+	local q p5 p9 l nn
+	read -r q p5 p9 l nn < <(last_fields "$WORK/regimes.jsonl" qps p50_ms p99_ms lost not_noerror)
+	if [ -n "$BENCH_KEEP_RUNS" ] || [ "$l" != 0 ] || [ "$nn" != 0 ]; then keep_run "$tag"; fi
+	rm -f "$WORK/$tag.out"
 	log "$(printf '%-40s %7.0f qps  p50 %.2f ms  p99 %.1f ms  lost %s  conns %s  dials %s' "$tag" "$q" "$p5" "$p9" "$l" "$cmed/$cmax" "$dials")"
+}
+
+# keep_run TAG: copies a regime run's artefacts to $RESULTS/runs/: dnsperf's
+# output with a line per answer (TAG.out.gz: which queries went unanswered), the
+# front's metrics at the end of the run and a second later, and the front's and
+# the upstream's logs (errors, fakedot's counters).
+keep_run() {
+	local tag=$1 dir=$RESULTS/runs f
+	mkdir -p "$dir"
+	gzip -c "$WORK/$tag.out" >"$dir/$tag.out.gz"
+	for f in "$tag.summary" "$tag.metrics" "$tag.metrics-1s" "$FRONT_NAME.out"; do
+		[ -f "$WORK/$f" ] && cp "$WORK/$f" "$dir/${f/#$FRONT_NAME/$tag.front}"
+	done
+	[ "$REG_FAKE" = 1 ] && [ -f "$WORK/fakedot.out" ] && cp "$WORK/fakedot.out" "$dir/$tag.upstream.out"
+	return 0
 }
 
 # phase_regimes runs forward tls:// and dotforward side by side in each of
@@ -687,7 +726,7 @@ phase_regimes() {
 		i=$((i + 1))
 		for ((r = 1; r <= BENCH_REGIME_RUNS; r++)); do # the runs of a regime in a row, modes alternating
 			log "regime $reg, run $r of $BENCH_REGIME_RUNS"
-			for m in $(rotated "$((i + r))" fwd-tls dotforward); do
+			for m in $(rotated "$((i + r))" $BENCH_REGIME_MODES); do
 				case $reg in
 				churn) for n in "$BENCH_CHURN_AFTER" 0; do regime_run churn "$m" "$n" 0 "$r"; done ;;
 				*) regime_run "$reg" "$m" 0 "$(regime_offered "$reg")" "$r" ;;
