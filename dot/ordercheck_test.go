@@ -106,12 +106,22 @@ func TestOrderCheckSparesAWaiterItsDial(t *testing.T) {
 		p.noOrderChecks.Store(true) // none but the one below
 		learnInOrder(t, p, service)
 		offer(p, 4, 0, names("warm")) // 4 connections, one each
-		time.Sleep(2 * service)       // every connection idle
+		// The warm queries' dials (40 ms) end after their answers (10
+		// ms): learnt as the waited answers come, in order may leave
+		// fewer than 3 connections open until then.
+		waitFor(t, "no dial under way", func() bool { return p.dialing.Load() == 0 })
+		time.Sleep(2 * service) // every connection idle
 		n, before := p.Stats().Conns, s.Handshakes()
 		if n < 3 {
 			t.Fatalf("%d connections after learning in order, want 3 or more", n)
 		}
-		first := offerFor(p, n-1, 0, names("first")) // answered at 10 ms
+		// Queries that pick at the same instant may take one idle
+		// connection together (only a waiter's register fails on a
+		// taken one, see pickIdle); a microsecond apart each sees the
+		// one before it on its connection. Sent together, one in 7 runs
+		// under -race on a loaded machine queued one behind another.
+		const apart = time.Microsecond
+		first := offerFor(p, n-1, apart, names("first")) // answered at 10 ms
 		time.Sleep(time.Millisecond)
 		p.orderCheckDue.Store(true)
 		p.noOrderChecks.Store(false)
@@ -120,7 +130,7 @@ func TestOrderCheckSparesAWaiterItsDial(t *testing.T) {
 		p.noOrderChecks.Store(true)
 		filler := offerFor(p, 1, 0, names("filler")) // the last idle connection, to 11 ms
 		time.Sleep(10*time.Millisecond + 500*time.Microsecond)
-		second := offerFor(p, n-1, 0, names("second")) // 11.5 ms: every connection but the check's
+		second := offerFor(p, n-1, apart, names("second")) // 11.5 ms: every connection but the check's
 		time.Sleep(time.Millisecond)
 		late := offer(p, 1, 0, names("late")) // 12.5 ms: none idle
 		checkOutcomes(t, first(), func(string) time.Duration { return service })
