@@ -144,8 +144,12 @@ func (c *conn) dispatch(frame []byte) {
 		c.pool.answered() // before the caller hears of it: its next query sees the reset
 		// The pool's first answer times the upstream at once, not at the
 		// next full sweep: until then it is untimed (see slowUnknown).
-		if m := &c.pool.learned.mode; m.usual.CompareAndSwap(0, max(nanotime()-cl.sentAt.Load(), 1)) {
+		took := max(nanotime()-cl.sentAt.Load(), 1)
+		if m := &c.pool.learned.mode; m.usual.CompareAndSwap(0, took) {
 			m.firstOnly.Store(true)
+		}
+		if m := &c.pool.learned.mode; m.firstOnly.Load() {
+			m.firstAnswer(took)
 		}
 	}
 	if drop >= 0 {

@@ -399,7 +399,7 @@ func (p *Pool) sweepAll(now int64, conns []*conn) (expiry int64) {
 	expiry = math.MaxInt64
 	for i := len(conns) - 1; i >= 0; i-- {
 		var idle time.Duration
-		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && c.avail().open() {
+		if c := conns[i]; surplus > 0 && c.load.Load() == 0 && c.avail().open() && c.taken.Load() > 0 {
 			idle, surplus = inOrderIdle, surplus-1
 		}
 		expiry = min(expiry, conns[i].sweep(now, idle))
