@@ -403,18 +403,24 @@ func ceiling(v *atomic.Int64) int64 {
 const firstAnswers = 4
 
 // firstAnswer notes a connection's first answer time (its first query went
-// alone) while usual rests on the pool's first answer alone (firstOnly), and
-// raises usual to the median of those noted once that median is unknownSlow
-// or more. One quick first answer from an upstream whose answers are slow
-// made it look fast until the first full sweep: the pool queued queries
-// behind one another where forward dialled (issue 21, property seed 131: a
-// 9.3 ms first answer of a 36 ms lognormal, queues 10 deep). The median only
-// ever raises usual across unknownSlow: below it the pool's first answer
-// stands, as it did, since a fast upstream's first answers differ by chance
-// only (seed 28, 3.2 ms against a 6.9 ms median: lowered or raised there, its
-// early picks change and the storm it meets later takes 13 connections
-// against forward's 12).
+// alone). The pool's first answer sets usual at once, not at the next full
+// sweep: until then the upstream is untimed (see slowUnknown). While usual
+// rests on that answer alone (firstOnly), the median of the first answers
+// noted replaces it once that median is unknownSlow or more: one quick first
+// answer from a slow upstream made it look fast until the first full sweep,
+// and the pool queued queries behind one another where forward dialled
+// (issue 21, property seed 131: a 9.3 ms first answer of a 36 ms lognormal,
+// queues 10 deep). Below unknownSlow the pool's first answer stands: a fast
+// upstream's first answers differ by chance only, and a median there moved
+// the early picks of seed 28 (3.2 ms raised to 6.9) and cost it a connection
+// over forward's 12 at a later storm in 3 replays of 4.
 func (m *serveMode) firstAnswer(took int64) {
+	if m.usual.CompareAndSwap(0, took) {
+		m.firstOnly.Store(true)
+	}
+	if !m.firstOnly.Load() {
+		return
+	}
 	i := int(m.firstCount.Add(1) - 1)
 	if i >= firstAnswers {
 		return
