@@ -400,3 +400,45 @@ func TestOrderChecksTeachNoInOrderWhileSlowUnknown(t *testing.T) {
 		}
 	})
 }
+
+// In order, a connection that never took a query (dialled for a query that
+// an older connection served first) is no surplus that closes after
+// inOrderIdle: it closes at the idle timeout, as forward's would, while the
+// idle ones that took queries beyond what the load needed over inOrderKeep
+// close after inOrderIdle. Closed after inOrderIdle, such connections left
+// the pool to meet a later storm with fewer connections than forward held,
+// and it dialled past forward's peak (issue 21, property seed 131: 43
+// connections against forward's 59, then 307 at once against 302).
+func TestInOrderConnectionNeverTakenKeptToIdleTimeout(t *testing.T) {
+	const service, handshake, idle = 10 * time.Millisecond, time.Millisecond, inOrderKeep + 10*time.Second
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, handshake, func(c *Config) { c.IdleTimeout = idle }, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.noOrderChecks.Store(true)
+		learnInOrder(t, p, service)
+		before := len(*p.conns.Load())
+		p.mu.Lock()
+		started := p.startDialLocked(0, true)
+		p.mu.Unlock()
+		if !started {
+			t.Fatal("No dial started")
+		}
+		waitFor(t, "the dial to end", func() bool { return p.dialing.Load() == 0 })
+		var fresh *conn
+		for _, c := range *p.conns.Load() {
+			if c.taken.Load() == 0 {
+				fresh = c
+			}
+		}
+		if fresh == nil || before < 2 {
+			t.Fatalf("%d connections took queries, want 2 or more, and a new one that took none: %v", before, fresh)
+		}
+		time.Sleep(inOrderKeep + 2*inOrderIdle) // the load's need forgotten: a connection's worth kept
+		synctest.Wait()
+		if !slices.Contains(*p.conns.Load(), fresh) {
+			t.Errorf("The connection that never took a query closed before the idle timeout (%v)", idle)
+		}
+		if n := len(*p.conns.Load()); n > 2 {
+			t.Errorf("%d connections open, want 2 at most: the one that never took a query and the one kept (%d took queries)", n, before)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package dot
 
 import (
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -133,6 +134,10 @@ type serveMode struct {
 	// which the first sweep's average replaces rather than joins: one slow
 	// first answer (a cold cache upstream) is not the usual time
 	firstOnly atomic.Bool
+	// firsts: while firstOnly, each connection's first answer time (its
+	// first query went alone), firstCount of them (see firstAnswer).
+	firsts     [firstAnswers]atomic.Int64
+	firstCount atomic.Int32
 	// slowKept and busyKept: the decayed counts of slow gaps and busy
 	// answers (acc.busySlow, acc.busy) that the next update keeps, in
 	// thousandths: what a connection's new ones add to (see slowSuffices)
@@ -391,4 +396,49 @@ func ceiling(v *atomic.Int64) int64 {
 		return 2*a + int64(time.Millisecond)
 	}
 	return math.MaxInt64
+}
+
+// firstAnswers is how many connections' first answers firstAnswer weighs
+// before the first full sweep averages every answer alone.
+const firstAnswers = 4
+
+// firstAnswer notes a connection's first answer time (its first query went
+// alone). The pool's first answer sets usual at once, not at the next full
+// sweep: until then the upstream is untimed (see slowUnknown). While usual
+// rests on that answer alone (firstOnly), the median of the first answers
+// noted replaces it once that median is unknownSlow or more: one quick first
+// answer from a slow upstream made it look fast until the first full sweep,
+// and the pool queued queries behind one another where forward dialled
+// (issue 21, property seed 131: a 9.3 ms first answer of a 36 ms lognormal,
+// queues 10 deep). Below unknownSlow the pool's first answer stands: a fast
+// upstream's first answers differ by chance only, and a median there moved
+// the early picks of seed 28 (3.2 ms raised to 6.9) and cost it a connection
+// over forward's 12 at a later storm in 3 replays of 4.
+func (m *serveMode) firstAnswer(took int64) {
+	if m.usual.CompareAndSwap(0, took) {
+		m.firstOnly.Store(true)
+	}
+	if !m.firstOnly.Load() {
+		return
+	}
+	i := int(m.firstCount.Add(1) - 1)
+	if i >= firstAnswers {
+		return
+	}
+	m.firsts[i].Store(took)
+	var v [firstAnswers]int64
+	k := 0
+	for j := range i + 1 {
+		if t := m.firsts[j].Load(); t != 0 { // 0: another reader's, not yet stored
+			v[k] = t
+			k++
+		}
+	}
+	slices.Sort(v[:k])
+	// usual is read before firstOnly: a sweep that averages the answers
+	// between them changes usual, and the swap below fails rather than
+	// replace the average.
+	if u, med := m.usual.Load(), v[k/2]; med >= int64(unknownSlow) && m.firstOnly.Load() {
+		m.usual.CompareAndSwap(u, med)
+	}
 }

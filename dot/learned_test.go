@@ -652,3 +652,35 @@ func TestAnswersReadLateShowNoSideBySide(t *testing.T) {
 		t.Errorf("Side by side: evidence %+v, want 6 side by side", st.evidence)
 	}
 }
+
+// Until the first full sweep, usual is the median of the connections' first
+// answers once that median is unknownSlow or more (issue 21, property seed
+// 131: a quick first answer from a slow upstream made it look fast), and the
+// pool's first answer below it (seed 28: a fast upstream's first answers
+// differ by chance only). The sweep's average ends it.
+func TestFirstAnswersSetUsual(t *testing.T) {
+	ms := func(f float64) int64 { return int64(f * float64(time.Millisecond)) }
+	for _, tc := range []struct {
+		name          string
+		firsts, usual []float64 // usual after each first answer, ms
+	}{
+		{"slow, a quick first", []float64{9.3, 21.1, 11.7, 44, 50}, []float64{9.3, 21.1, 11.7, 21.1, 21.1}},
+		{"fast", []float64{3.2, 8.8, 6, 6.9}, []float64{3.2, 3.2, 3.2, 3.2}},
+	} {
+		var m serveMode
+		for i, f := range tc.firsts {
+			m.firstAnswer(ms(f))
+			if got, want := m.usual.Load(), ms(tc.usual[i]); got != want {
+				t.Errorf("%s: usual after first answer %d = %v, want %v", tc.name, i+1, time.Duration(got), time.Duration(want))
+			}
+		}
+	}
+	var m serveMode
+	m.firstAnswer(ms(9.3))
+	m.learnTimes(answerStats{aloneSum: ms(29.8), aloneN: 1})
+	m.firstAnswer(ms(40))
+	m.firstAnswer(ms(40))
+	if got, want := m.usual.Load(), ms(29.8); got != want {
+		t.Errorf("usual after the sweep and two slow first answers = %v, want the sweep's %v", time.Duration(got), time.Duration(want))
+	}
+}
