@@ -10,7 +10,7 @@ IMAGE_ARCHIVE ?= _output/dotforward-image.oci.tar
 export IMAGE_NAME IMAGE_TAG IMAGE_SOURCE IMAGE_GOFLAGS IMAGE_LDFLAGS IMAGE_CAPS \
 	IMAGE_USER IMAGE_CA_BUNDLE IMAGE_PORTS IMAGE_ENTRYPOINT IMAGE_CMD IMAGE_ARCHS IMAGE_ARCHIVE
 
-.PHONY: build test test-property test-deps image bench bench-blackhole bench-regimes bench-hedge bench-cluster clean
+.PHONY: build test test-property property-wide test-deps image bench bench-blackhole bench-regimes bench-hedge bench-cluster clean
 
 # build writes ./coredns: every standard CoreDNS plugin plus dotforward.
 build:
@@ -36,6 +36,14 @@ test: test-deps
 PROPERTY_SEEDS ?= 200
 test-property:
 	$(GO) test -tags property -count=1 -timeout 30m -run 'TestProperty' ./dot/ -property.seeds=$(PROPERTY_SEEDS) -property.strict
+
+# property-wide runs both property families strictly past the CI range (TestProperty to
+# seed 600, TestPropertySteady to 300) and prints each failing seed past it with its check
+# and numbers, then a summary line per run (scripts/property-wide.sh; docs/building.md).
+# PROPERTY_SEEDS, PROPERTY_STEADY_SEEDS, PROPERTY_RUNS and PROPERTY_FAMILIES set the ranges,
+# the runs and the families.
+property-wide:
+	bash scripts/property-wide.sh
 
 test-deps:
 	bash scripts/install-deps.sh
