@@ -158,3 +158,27 @@ func TestFastInOrderLearnedWithNoQueryQueued(t *testing.T) {
 		})
 	}
 }
+
+// Waited answers wake the sweeper to learn at most once a minWatchInterval:
+// one that a learn refused lets the next one through again (the kept
+// evidence), and at a fast upstream's rate every waited answer woke a learn
+// of its own, each locking every connection (session 21's review).
+func TestWaitedAnswersWakeTheSweeperAtMostOnceAnInterval(t *testing.T) {
+	var p Pool
+	t0 := int64(time.Hour)
+	for _, tc := range []struct {
+		at   time.Duration
+		want bool
+	}{
+		{0, true},
+		{time.Microsecond, false},
+		{minWatchInterval - time.Microsecond, false},
+		{minWatchInterval, true},
+		{minWatchInterval + time.Millisecond, false},
+		{3 * minWatchInterval, true},
+	} {
+		if got := p.waitedKick(t0 + int64(tc.at)); got != tc.want {
+			t.Errorf("A waited answer %v after the first: woke the sweeper %v, want %v", tc.at, got, tc.want)
+		}
+	}
+}

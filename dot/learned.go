@@ -130,8 +130,9 @@ type serveMode struct {
 	// sparing no wait), for the hot path (see dearQueue)
 	spreadless atomic.Bool
 	waits      atomic.Bool // answers or rescues showed queries waiting behind others lately (see rescue.go)
-	// firstOnly: usual is the pool's first answer time alone (reader.go),
-	// which the first sweep's average replaces rather than joins: one slow
+	// firstOnly: usual rests on the connections' first answers alone (the
+	// pool's first, or their median: see firstAnswer), which the first
+	// learn that times a query alone replaces rather than joins: one slow
 	// first answer (a cold cache upstream) is not the usual time
 	firstOnly atomic.Bool
 	// firsts: while firstOnly, each connection's first answer time (its
@@ -413,7 +414,10 @@ const firstAnswers = 4
 // queues 10 deep). Below unknownSlow the pool's first answer stands: a fast
 // upstream's first answers differ by chance only, and a median there moved
 // the early picks of seed 28 (3.2 ms raised to 6.9) and cost it a connection
-// over forward's 12 at a later storm in 3 replays of 4.
+// over forward's 12 at a later storm in 3 replays of 4. A median of three or
+// more below unknownSlow replaces a usual at or above it (a slow first answer,
+// or the slower of two). The window ends at the first learn that times a query
+// alone (learnTimes), the sweeper's or one a reader asked for.
 func (m *serveMode) firstAnswer(took int64) {
 	if m.usual.CompareAndSwap(0, took) {
 		m.firstOnly.Store(true)
@@ -438,7 +442,15 @@ func (m *serveMode) firstAnswer(took int64) {
 	// usual is read before firstOnly: a sweep that averages the answers
 	// between them changes usual, and the swap below fails rather than
 	// replace the average.
-	if u, med := m.usual.Load(), v[k/2]; med >= int64(unknownSlow) && m.firstOnly.Load() {
+	u, med := m.usual.Load(), v[k/2]
+	if !m.firstOnly.Load() {
+		return
+	}
+	if med >= int64(unknownSlow) || k >= 3 && u >= int64(unknownSlow) {
+		// Of two answers the upper median is the slower: one cold-cache
+		// answer among fast ones raised usual ({3, 40} ms: 40). A median
+		// of three or more puts it back below unknownSlow, and it takes
+		// the place of a slow first answer of the pool's too.
 		m.usual.CompareAndSwap(u, med)
 	}
 }

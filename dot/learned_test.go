@@ -666,6 +666,8 @@ func TestFirstAnswersSetUsual(t *testing.T) {
 	}{
 		{"slow, a quick first", []float64{9.3, 21.1, 11.7, 44, 50}, []float64{9.3, 21.1, 11.7, 21.1, 21.1}},
 		{"fast", []float64{3.2, 8.8, 6, 6.9}, []float64{3.2, 3.2, 3.2, 3.2}},
+		{"fast, one cold", []float64{3, 40, 3, 3}, []float64{3, 40, 3, 3}},
+		{"fast, a slow first", []float64{40, 3, 3}, []float64{40, 40, 3}},
 	} {
 		var m serveMode
 		for i, f := range tc.firsts {

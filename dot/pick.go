@@ -144,8 +144,8 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			// and the query goes to the least loaded quiet one.
 			best, load, more = quiet, quietLoad, true
 		}
-		queuesMove := best == nil && depth < slots && p.servedLately(served) // queues move: no pause
-		if best == nil && !queuesMove && cl.avoid == nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
+		queuesServed := best == nil && depth < slots && p.servedLately(served) // queues served: no pause
+		if best == nil && !queuesServed && cl.avoid == nil && p.countsTowardCap(availBlocked) && counted >= p.capConns() {
 			// Every connection is blocked, the pool takes that for the
 			// upstream pausing (see countsTowardCap), and they are as
 			// many as it opens: it dials no more. The query goes out on
@@ -153,7 +153,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			// pause to end: then it is answered as soon as the upstream
 			// resumes, as forward's would be, not an answer time or a
 			// move later (issue 21, seed 97). Not while queueBound
-			// bounds the queues and they are served (queuesMove): then
+			// bounds the queues and they are served (queuesServed): then
 			// the connections with room are merely full to their
 			// bound, the blocked one is stuck behind a slow answer of
 			// its own, and the query goes as pickIdle sends it, below
@@ -166,7 +166,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 			within = slots
 		}
-		if best == nil && cl.within == 0 && (overdue || queuesMove) {
+		if best == nil && cl.within == 0 && (overdue || queuesServed) {
 			// Every connection with room holds a queue that, were the
 			// upstream in order, would take longer than a dial, and
 			// queues are being served, or waits for an overdue answer:

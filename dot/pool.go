@@ -39,6 +39,7 @@ type Pool struct {
 	warmTurn      atomic.Uint32           // where pickIdle's turn over the warm connections starts next
 	rescuesWon    atomic.Int32            // rescues that won by far, since the last learn (conn.judgeLocked)
 	learnDue      atomic.Bool             // a connection's answers since the last learn suffice to learn in order from (reader.go)
+	waitedKickAt  atomic.Int64            // when waited answers last woke the sweeper to learn (waitedKick)
 	sharers       atomic.Int32            // of the waiters, those that share the pool's first dial: owed no dial of their own (see firstDialBurst)
 	firstShared   atomic.Int32            // the queries that shared the pool's first dial since it started (see joinFirst)
 	firstJoined   atomic.Int32            // the queries that joined the pool's first connection for having dialled before it opened (see joinFirst)

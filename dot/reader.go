@@ -179,10 +179,24 @@ func (c *conn) askLearnLocked(ordered, spacing, waited bool) {
 		// after it found none idle and dialled one past forward's
 		// (property steady seed 51: 17 connections against 16, in
 		// order learned at the next tick, 1.2 ms after this answer;
-		// TestFastInOrderLearnedWithNoQueryQueued).
+		// TestFastInOrderLearnedWithNoQueryQueued). At most once a
+		// minWatchInterval (waitedKick): a learn may refuse what one
+		// connection's share let through (decide weighs all), and the
+		// kept evidence lets the next waited answer through again, so
+		// each waited answer could wake a learn of its own.
 		c.pool.learnDue.Store(true)
-		c.pool.kickLearn()
+		if c.pool.waitedKick(c.answerAt) {
+			c.pool.kickLearn()
+		}
 	}
+}
+
+// waitedKick reports whether a waited answer read at now may wake the
+// sweeper: none did within minWatchInterval. Otherwise learnDue has the next
+// tick learn, a minWatchInterval at most later while queries are out.
+func (p *Pool) waitedKick(now int64) bool {
+	last := p.waitedKickAt.Load()
+	return now-last >= int64(minWatchInterval) && p.waitedKickAt.CompareAndSwap(last, now)
 }
 
 // deliver unpacks an answer for its call and completes it. The reader does this,

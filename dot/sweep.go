@@ -385,7 +385,8 @@ func expire(d time.Duration, now, expiry int64) time.Duration {
 // the pool keeps what its recent load needed, not its busiest moment since
 // IdleTimeout. In another mode the idle ones beyond the cap do (those an
 // in-order spell left: more would not be used). A connection that never took
-// a query is none of them and closes at the idle timeout, as forward's would:
+// a query is none of them and closes at the idle timeout, as forward's would
+// (it still counts toward the keep: taken idle ones beyond it close first):
 // dialled for a query that an older connection served first, it shows the load
 // outran the connections then, as forward's did when it dialled (issue 21,
 // property seed 131: closed after inOrderIdle, the pool met a storm with 43

@@ -196,8 +196,22 @@ func TestWaiterThatLookedBeforeADialEndedDialsNone(t *testing.T) {
 		if d := p.dialing.Load(); d != 0 {
 			t.Errorf("Dialling %d, want 0: the connection the dial added is idle", d)
 		}
-		// The last of pickIdle's looks passes no snapshot: it starts a
-		// dial whatever changed, rather than return with none under way.
+		time.Sleep(10 * time.Millisecond) // past any dial's handshake
+		if h := s.Handshakes(); h != 1 {
+			t.Errorf("Handshakes = %d, want 1", h)
+		}
+	})
+}
+
+// The last of pickIdle's looks passes no snapshot: it starts a dial whatever
+// changed, rather than leave pickIdle with none under way and wait for its
+// recheck when the connections changed on every look (a server that cuts
+// connections).
+func TestLastLookDialsWhateverChanged(t *testing.T) {
+	bubble(t, dottest.Options{}, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		if _, err := exchange(p, "first.example."); err != nil {
+			t.Fatal(err)
+		}
 		if got := p.dialForWaiter(&call{}, nil); got != waitForDial || p.dialing.Load() != 1 {
 			t.Errorf("The last look: %d, dialling %d, want waitForDial (%d), 1", got, p.dialing.Load(), waitForDial)
 		}
