@@ -149,3 +149,44 @@ func TestOrderCheckSparesAWaiterItsDial(t *testing.T) {
 		}
 	})
 }
+
+// TestOrderCheckHeldInAStormOnlyAWhile: an answer stormFactor usual times
+// slow holds due order checks (property seed 184: a check put behind a storm's
+// slow answer, rescued, was served twice, one connection over forward's at
+// the peak), for no longer than orderCheckHoldMax however long the storm
+// lasts, and not once the slow answers stop.
+func TestOrderCheckHeldInAStormOnlyAWhile(t *testing.T) {
+	const usual = 4 * time.Millisecond
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return usual }}
+	bubble(t, opts, 0, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		p.learned.mode.usual.Store(int64(usual))
+		if p.orderCheckHeld() {
+			t.Fatal("check held with no slow answer")
+		}
+		storm := func() { p.noteStormy(int64(10*usual), nanotime(), int64(usual)) }
+		storm()
+		if !p.orderCheckHeld() {
+			t.Fatal("check not held right after an answer 10 usual times slow")
+		}
+		for held := time.Duration(0); held < orderCheckHoldMax-usual; held += usual {
+			time.Sleep(usual)
+			storm()
+			if !p.orderCheckHeld() {
+				t.Fatalf("check no longer held %v into a storm, want %v", held+usual, orderCheckHoldMax)
+			}
+		}
+		time.Sleep(2 * usual)
+		storm()
+		if p.orderCheckHeld() {
+			t.Fatalf("check still held %v into a storm, past orderCheckHoldMax", orderCheckHoldMax+usual)
+		}
+		time.Sleep(2 * usual) // no slow answer since
+		if p.orderCheckHeld() || p.checkHeldAt.Load() != 0 {
+			t.Fatal("check held, or its hold not ended, two usual times after the last slow answer")
+		}
+		storm()
+		if !p.orderCheckHeld() {
+			t.Fatal("a new storm's check not held")
+		}
+	})
+}

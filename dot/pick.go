@@ -307,10 +307,18 @@ func (p *Pool) pickIdle(cl *call) *conn {
 			// Rolled by a query before it waits (acquire's pick and
 			// acquireSlow's first look), not on its picks after a wake,
 			// which come as often as slots free
-			// (TestWaitingQueryIsNoOrderCheck).
-			pc := p.orderCheckConn(cl)
-			p.orderCheckDue.Store(pc == nil)
-			best, check = cmp.Or(pc, best), pc
+			// (TestWaitingQueryIsNoOrderCheck). In a storm, it is held a
+			// while (orderCheckHeld).
+			if p.orderCheckHeld() {
+				p.orderCheckDue.Store(true)
+			} else {
+				pc := p.orderCheckConn(cl)
+				p.orderCheckDue.Store(pc == nil)
+				if pc != nil {
+					p.checkHeldAt.Store(0)
+				}
+				best, check = cmp.Or(pc, best), pc
+			}
 		}
 		if idle == 0 && cl.avoid == nil && (burst != nil || p.joinsFirst(cl) && load < int32(p.cfg.MaxInflight)) {
 			// A burst before the first answer, or a query that waited

@@ -60,6 +60,8 @@ type Pool struct {
 	queries       sync.Pool               // queries no longer held, for the next ones (see recycle)
 	idleTicks     atomic.Bool             // the sweeper ticks slowly: nothing was outstanding (see kickSweeper)
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
+	stormAt       atomic.Int64            // unix ns: when an answer came stormFactor usual times slow (see answersStormy)
+	checkHeldAt   atomic.Int64            // unix ns: since when due order checks are held in a storm; 0: none held (see orderCheckHeld)
 	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
 	untimedSince  atomic.Int64            // unix ns: the pool's first query's dial, set once (see untimedRoom)
 	checksOwed    checksOwed              // the order checks that may each spare a waiter its dial (see checkOwesWaiter)

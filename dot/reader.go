@@ -108,6 +108,9 @@ func (c *conn) dispatch(frame []byte) {
 			c.answers.overtook = cl.seq // its overtaken calls' answers count no more (see note)
 		}
 		c.answers.note(cl.seq, cl.sentAt.Load(), now, drop < 0)
+		if sent := cl.sentAt.Load(); sent != 0 && !cl.orderCheck {
+			c.pool.noteStormy(now-sent, now, c.answers.usual)
+		}
 		ordered := c.answers.busySlow > slowBefore && c.answers.orderWeight() > 0 && c.pool.learned.mode.get() == ModeUnknown &&
 			c.pool.learned.mode.slowSuffices(c.answers.busySlow, c.answers.busy)
 		spacing := c.answers.gapN > 0 && c.pool.spacingWanted()
