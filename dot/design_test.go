@@ -58,6 +58,8 @@ func TestDesignNumbers(t *testing.T) {
 		"manySilentBeyond":         manySilentBeyond,
 		"minRescueDelay":           minRescueDelay,
 		"lateTick":                 lateTick,
+		"stormFactor":              stormFactor,
+		"orderCheckHoldMax":        orderCheckHoldMax,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
 		"minQueueDepth":            minQueueDepth,
