@@ -107,8 +107,9 @@ func (c *conn) dispatch(frame []byte) {
 			c.answers.inversions++
 			c.answers.overtook = cl.seq // its overtaken calls' answers count no more (see note)
 		}
-		c.answers.note(cl.seq, cl.sentAt.Load(), now, drop < 0)
-		if sent := cl.sentAt.Load(); sent != 0 && !cl.orderCheck {
+		sent := cl.sentAt.Load()
+		c.answers.note(cl.seq, sent, now, drop < 0)
+		if sent != 0 && !cl.orderCheck {
 			c.pool.noteStormy(now-sent, now, c.answers.usual)
 		}
 		ordered := c.answers.busySlow > slowBefore && c.answers.orderWeight() > 0 && c.pool.learned.mode.get() == ModeUnknown &&
