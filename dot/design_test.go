@@ -33,6 +33,7 @@ func TestDesignNumbers(t *testing.T) {
 		"shareWindow":              shareWindow,
 		"firstDialShareMax":        firstDialShareMax,
 		"slowWeightUnit":           slowWeightUnit,
+		"slowGapSpan":              slowGapSpan,
 		"minOrderedQueue":          minOrderedQueue,
 		"minCrowdedEvidence":       minCrowdedEvidence,
 		"crowdedFactor":            crowdedFactor,
