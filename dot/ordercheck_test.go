@@ -190,3 +190,60 @@ func TestOrderCheckHeldInAStormOnlyAWhile(t *testing.T) {
 		}
 	})
 }
+
+// An upstream served side by side that looked in order just long enough to
+// be learned so (here it was in order, and switches as the load starts) has
+// the belief re-tested soon: order checks go out at the young rate
+// (orderCheckRate), unconfirmed by side-by-side answers, and the nine or so
+// that outweigh the slow gaps that taught it (minSideEvidence, sideShare)
+// come within a second at 333 QPS: 0.54-1.54 s in 20 runs. At one in
+// orderCheckEvery they take 2,300 queries: in 20 runs without the young
+// rate, corrected at 2.9-3.7 s in 5 and not within 4 s in 15.
+func TestYoungInOrderBeliefRetestedSoon(t *testing.T) {
+	const service, gap = 30 * time.Millisecond, 3 * time.Millisecond
+	const youngCorrected, within = 2 * time.Second, 4 * time.Second
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		learnInOrder(t, p, service)
+		s.SetInOrder(false)
+		out := offerFor(p, int(within/gap), gap, names("b"))
+		corrected := time.Duration(-1)
+		for start := time.Now(); time.Since(start) < within; time.Sleep(10 * time.Millisecond) {
+			if p.Stats().Mode != ModeInOrder {
+				corrected = time.Since(start)
+				break
+			}
+		}
+		checkOutcomes(t, out(), func(string) time.Duration { return 2 * service })
+		if corrected < 0 || corrected > youngCorrected {
+			t.Errorf("A young in-order belief corrected after %v (-1: never in %v), want within %v", corrected, within, youngCorrected)
+		}
+	})
+}
+
+// On an upstream truly in order, the young rate of order checks ends as
+// their answers confirm it: youngCheckLevel checks in the first few hundred
+// queries, then one in orderCheckEvery again. A check waits behind another
+// (here 30 ms answers: it takes more than 31 ms), so the slow answers from
+// the 250th query (0.5 s) to the 900th (youngBeliefSpan is about 1,000
+// queries) count the checks: about 3 expected (one in 256, and the last young
+// check at times), 21 with the young rate unconfirmed.
+func TestConfirmedInOrderBeliefChecksSeldom(t *testing.T) {
+	const service, gap = 30 * time.Millisecond, 2 * time.Millisecond
+	const from, to, most = 250, 900, 10
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		learnInOrder(t, p, service)
+		out := offer(p, to, gap, names("q"))
+		checkOutcomes(t, out, func(string) time.Duration { return 2 * service })
+		slow := 0
+		for _, o := range out[from:] {
+			if o.took > service+time.Millisecond {
+				slow++
+			}
+		}
+		if slow > most {
+			t.Errorf("In order, confirmed: %d answers of queries %d-%d waited behind another, want %d at most (order checks one in %d)", slow, from, to, most, orderCheckEvery)
+		}
+	})
+}

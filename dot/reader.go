@@ -109,6 +109,9 @@ func (c *conn) dispatch(frame []byte) {
 		}
 		sent := cl.sentAt.Load()
 		c.answers.note(cl.seq, sent, now, drop < 0)
+		if cl.orderCheck && (c.answers.busySlow > slowBefore || c.answers.waited > waitedBefore) {
+			c.pool.checkConfirmed() // answered after the one before it: in order, as believed
+		}
 		if sent != 0 && !cl.orderCheck {
 			c.pool.noteStormy(now-sent, now, c.answers.usual)
 		}
