@@ -61,6 +61,8 @@ func TestDesignNumbers(t *testing.T) {
 		"lateTick":                 lateTick,
 		"stormFactor":              stormFactor,
 		"orderCheckHoldMax":        orderCheckHoldMax,
+		"youngCheckLevel":          youngCheckLevel,
+		"youngBeliefSpan":          youngBeliefSpan,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
 		"minQueueDepth":            minQueueDepth,
