@@ -224,10 +224,10 @@ func TestYoungInOrderBeliefRetestedSoon(t *testing.T) {
 // On an upstream truly in order, the young rate of order checks ends as
 // their answers confirm it: youngCheckLevel checks in the first few hundred
 // queries, then one in orderCheckEvery again. A check waits behind another
-// (here 30 ms answers: it takes more than 31 ms), so the slow answers from
-// the 250th query (0.5 s) to the 900th (youngBeliefSpan is about 1,000
-// queries) count the checks: about 3 expected (one in 256, and the last young
-// check at times), 21 with the young rate unconfirmed.
+// (here 30 ms answers: it takes 40 ms or more; a query that waited for a
+// connection 32-34 ms), so the slow answers from the 250th query (0.5 s) to
+// the 900th (youngBeliefSpan is about 1,000 queries) count the checks: 0-8
+// in 40 runs; with checkConfirmed removed, 14-29 in 20.
 func TestConfirmedInOrderBeliefChecksSeldom(t *testing.T) {
 	const service, gap = 30 * time.Millisecond, 2 * time.Millisecond
 	const from, to, most = 250, 900, 10
@@ -238,7 +238,7 @@ func TestConfirmedInOrderBeliefChecksSeldom(t *testing.T) {
 		checkOutcomes(t, out, func(string) time.Duration { return 2 * service })
 		slow := 0
 		for _, o := range out[from:] {
-			if o.took > service+time.Millisecond {
+			if o.took > service*5/4 {
 				slow++
 			}
 		}
