@@ -225,7 +225,7 @@ type stuckWatch struct {
 	cost    float64  // of a rescue, in tokens
 	tokens  *float64 // the rescue budget
 	// checkDelay: the rescue delay of an order check (see acquireRescue):
-	// delay while a connection is idle, else checkRescueDelay
+	// delay while checkRescueIdle connections are idle, else checkRescueDelay
 	checkDelay int64
 }
 
@@ -363,7 +363,7 @@ func (p *Pool) checkRescueDelay() int64 {
 // acquireRescue finds the rescue r of the stuck call cl a connection (see
 // acquireOr). The rescue of an order check (see orderCheckConn) before
 // checkRescueDelay takes one only if one is idle at once (the sweeper
-// rescues it that early only while one is, see watch), and otherwise fails
+// rescues it that early only while checkRescueIdle are, see watch), and otherwise fails
 // with errNoneIdle: the check waits where it was put. The upstream serves it
 // there whatever the pool does; a rescue that dialled, or waited for a
 // connection to free, took the connection forward would have given the
