@@ -62,6 +62,7 @@ func TestDesignNumbers(t *testing.T) {
 		"stormFactor":              stormFactor,
 		"orderCheckHoldMax":        orderCheckHoldMax,
 		"youngCheckLevel":          youngCheckLevel,
+		"contradictedLevel":        contradictedLevel,
 		"checkRescueIdle":          checkRescueIdle,
 		"youngBeliefSpan":          youngBeliefSpan,
 		"rescueFactor":             rescueFactor,
