@@ -148,7 +148,8 @@
 //     hedge race.)
 //   - order check: in order, one query in orderCheckEvery is put behind a
 //     just-written one on purpose, so that an upstream that starts answering
-//     out of order shows it; slow and unknown, only while the load holds
+//     out of order shows it (more often while the belief is young:
+//     orderCheckRate); slow and unknown, only while the load holds
 //     steady (orderCheckRolled). (A probe is the plugin's health probe.)
 //   - near its end: a connection past half the query limit (one each: with
 //     only a dial's time of answers left, see nearEndAfter) or

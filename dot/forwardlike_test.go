@@ -340,11 +340,12 @@ func TestOrderCheckRescuedOnlyOntoAnIdleConnection(t *testing.T) {
 }
 
 // In order, the sweeper rescues an order check after minRescueDelay only
-// while a connection is idle (its rescue goes there, see acquireRescue);
-// while none is, after checkRescueDelay, as any query of an upstream not
+// while checkRescueIdle connections are idle (its rescue goes to one, see
+// acquireRescue, and leaves one for the next arrival); while fewer are,
+// after checkRescueDelay, as any query of an upstream not
 // known to be in order. Any other query behind another is rescued after
 // minRescueDelay.
-func TestOrderCheckRescuedEarlyOnlyWhileOneIsIdle(t *testing.T) {
+func TestOrderCheckRescuedEarlyOnlyWhileTwoAreIdle(t *testing.T) {
 	stuck := newBareConn(t, 8)
 	p := stuck.pool
 	p.Close() // its sweeper stops: watch below is the sweeper's, and stuck is none of its connections
@@ -376,8 +377,12 @@ func TestOrderCheckRescuedEarlyOnlyWhileOneIsIdle(t *testing.T) {
 		t.Errorf("Rescued after %v with no connection idle, want not before %v", 2*minRescueDelay, time.Duration(p.checkRescueDelay()))
 	}
 	idle := newConn(p, stuck.tc, stuck.bc)
-	if !notified(2*minRescueDelay, stuck, idle) {
-		t.Errorf("Not rescued after %v with a connection idle, want rescued", 2*minRescueDelay)
+	if notified(2*minRescueDelay, stuck, idle) {
+		t.Errorf("Rescued after %v with one connection idle, want not before %v (checkRescueIdle %d)", 2*minRescueDelay, time.Duration(p.checkRescueDelay()), checkRescueIdle)
+	}
+	spare := newConn(p, stuck.tc, stuck.bc)
+	if !notified(2*minRescueDelay, stuck, idle, spare) {
+		t.Errorf("Not rescued after %v with %d connections idle, want rescued", 2*minRescueDelay, checkRescueIdle)
 	}
 }
 

@@ -28,7 +28,7 @@ func (p *Pool) orderCheckConn(cl *call) *conn {
 }
 
 // orderCheckRolled rolls whether the query about to pick is an order check:
-// one in orderCheckEvery; while the upstream is slow and unknown, only when
+// one in orderCheckRate; while the upstream is slow and unknown, only when
 // one is cheap (slowCheckCheap).
 //
 // While slow and unknown, every other query goes on a connection of its
@@ -46,7 +46,7 @@ func (p *Pool) orderCheckConn(cl *call) *conn {
 // learned (TestUniformlySlowSteadyLoadLearnedSideBySide,
 // TestTurnsUpstreamEndsOnFewConnections): steady, its checks are cheap.
 func (p *Pool) orderCheckRolled() bool {
-	return rand.Uint32()%orderCheckEvery == 0 && (!p.slowUnknown() || p.slowCheckCheap())
+	return rand.Uint32()%p.orderCheckRate() == 0 && (!p.slowUnknown() || p.slowCheckCheap())
 }
 
 // orderCheckHeld reports whether a due order check waits for a later query:
@@ -210,3 +210,74 @@ func (p *Pool) answerDueBy(by int64) bool {
 	}
 	return false
 }
+
+// A young belief in order: learned on little evidence (a few slow gaps,
+// which an out-of-order upstream shows too when answers happen to come in
+// write order), in order gives each query a connection of its own, and then
+// only order checks can show it wrong. At one in orderCheckEvery, a few
+// hundred queries a second put them a second apart, and an upstream served
+// side by side needs about four of them (minSideEvidence, decayed) or the
+// luck of one that overtakes: the wrong belief held for seconds, until it
+// lapsed (property seed 70 before slowGapSpan: corrected by a check in 9 of
+// 20 runs before the load ended). So checks go youngCheckLevel times twice
+// as often as in order is learned, and half as often again with each check
+// whose answer confirms it (it came after the query it went behind, a
+// service time later: a slow gap or a waited answer), for youngBeliefSpan at
+// most; a check answered side by side raises the rate (checkContradicted).
+// On an upstream truly in order that is youngCheckLevel checks in the first
+// few hundred queries, each an answer time late, where one in
+// orderCheckEvery would have made one.
+
+// orderCheckRate is how many queries, one of which is an order check: fewer
+// while the in-order belief is young (see youngCheckLevel).
+func (p *Pool) orderCheckRate() uint32 {
+	if l := p.youngLevel.Load(); l > 0 && nanotime() < p.youngUntil.Load() && p.learned.mode.get() == ModeInOrder {
+		return orderCheckEvery >> l
+	}
+	return orderCheckEvery
+}
+
+// beliefYoung starts the young rate of order checks: in order was learned at
+// now. Called by the sweeper only.
+func (p *Pool) beliefYoung(now int64) {
+	p.youngUntil.Store(now + int64(youngBeliefSpan))
+	p.youngLevel.Store(youngCheckLevel)
+}
+
+// checkConfirmed halves the young rate of order checks: an order check's
+// answer came after the query it went behind, as in order answers it.
+func (p *Pool) checkConfirmed() {
+	for {
+		l := p.youngLevel.Load()
+		if l <= 0 || p.youngLevel.CompareAndSwap(l, l-1) {
+			return
+		}
+	}
+}
+
+// checkContradicted raises the young rate of order checks to
+// contradictedLevel: an order check's answer came side by side with the
+// query before it, which in order never does. Where answers never overtake
+// (every one after the same time), only such answers correct the belief,
+// minSideEvidence of them and sideShare of the slow gaps that taught it
+// (decayed: nine or so after a burst learned it), and the young rate alone
+// took about a second to gather them at 333 QPS.
+func (p *Pool) checkContradicted() {
+	for {
+		l := p.youngLevel.Load()
+		if l >= contradictedLevel || p.youngLevel.CompareAndSwap(l, contradictedLevel) {
+			return
+		}
+	}
+}
+
+// contradictedLevel: see checkContradicted.
+const contradictedLevel = 4
+
+// youngCheckLevel: as in order is learned, order checks go 2^youngCheckLevel
+// times as often (see orderCheckRate).
+const youngCheckLevel = 2
+
+// youngBeliefSpan: the young rate of order checks lasts this long at most
+// after in order is learned.
+const youngBeliefSpan = 2 * time.Second

@@ -190,3 +190,60 @@ func TestOrderCheckHeldInAStormOnlyAWhile(t *testing.T) {
 		}
 	})
 }
+
+// An upstream served side by side that looked in order just long enough to
+// be learned so (here it was in order, and switches as the load starts) has
+// the belief re-tested soon: order checks go out at the young rate
+// (orderCheckRate), higher still once one is answered side by side
+// (checkContradicted), and the nine or so side-by-side answers that
+// outweigh the slow gaps that taught it (minSideEvidence, sideShare) come
+// within about a second at 333 QPS: 0.44-1.04 s in 30 runs (without
+// checkContradicted, over 2 s in 5 runs of 20). At one in orderCheckEvery
+// they take 2,300 queries: in 20 runs without the young rate, corrected at
+// 2.9-3.7 s in 5 and not within 4 s in 15.
+func TestYoungInOrderBeliefRetestedSoon(t *testing.T) {
+	const service, gap = 30 * time.Millisecond, 3 * time.Millisecond
+	const youngCorrected, within = 2 * time.Second, 4 * time.Second
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		learnInOrder(t, p, service)
+		s.SetInOrder(false)
+		out := offerFor(p, int(within/gap), gap, names("b"))
+		corrected := time.Duration(-1)
+		for start := time.Now(); time.Since(start) < within; time.Sleep(10 * time.Millisecond) {
+			if p.Stats().Mode != ModeInOrder {
+				corrected = time.Since(start)
+				break
+			}
+		}
+		checkOutcomes(t, out(), func(string) time.Duration { return 2 * service })
+		if corrected < 0 || corrected > youngCorrected {
+			t.Errorf("A young in-order belief corrected after %v (-1: never in %v), want within %v", corrected, within, youngCorrected)
+		}
+	})
+}
+
+// On an upstream truly in order, the young rate of order checks ends as
+// their answers confirm it (each comes a service time after the query it
+// went behind): youngCheckLevel checks in the first few hundred queries, then
+// one in orderCheckEvery again, well before youngBeliefSpan would end it.
+// Here two checks, one in 64 then one in 128 queries: both within 1,000
+// queries but about 1 run in 1,000. With checkConfirmed removed, the young
+// rate holds to the end (20 of 20 runs).
+func TestConfirmedInOrderBeliefChecksSeldom(t *testing.T) {
+	const service, gap, n = 30 * time.Millisecond, time.Millisecond, 1000
+	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return service }}
+	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
+		learnInOrder(t, p, service)
+		checkOutcomes(t, offer(p, n, gap, names("q")), func(string) time.Duration { return 2 * service })
+		if left := time.Duration(p.youngUntil.Load() - nanotime()); left <= 0 {
+			t.Fatalf("youngBeliefSpan ended %v ago, want the young rate ended by confirmations alone", -left)
+		}
+		if m := p.Stats().Mode; m != ModeInOrder {
+			t.Fatalf("Mode %v after %d queries, want %v", m, n, ModeInOrder)
+		}
+		if r := p.orderCheckRate(); r != orderCheckEvery {
+			t.Errorf("In order, %d queries after it was learned: an order check in %d, want one in %d (young level %d)", n, r, orderCheckEvery, p.youngLevel.Load())
+		}
+	})
+}

@@ -62,6 +62,8 @@ type Pool struct {
 	orderCheckDue atomic.Bool             // in order: the next query that can is an order check (see orderCheckConn)
 	stormAt       atomic.Int64            // unix ns: when an answer came stormFactor usual times slow (see answersStormy)
 	checkHeldAt   atomic.Int64            // unix ns: since when due order checks are held in a storm; 0: none held (see orderCheckHeld)
+	youngLevel    atomic.Int32            // in order: order checks go 2^youngLevel times as often; set as in order is learned, less by each check that confirms it, raised by one answered side by side (see orderCheckRate)
+	youngUntil    atomic.Int64            // unix ns: youngLevel counts until then (see beliefYoung)
 	noOrderChecks atomic.Bool             // set by tests whose timing one random order check would upset
 	untimedSince  atomic.Int64            // unix ns: the pool's first query's dial, set once (see untimedRoom)
 	checksOwed    checksOwed              // the order checks that may each spare a waiter its dial (see checkOwesWaiter)

@@ -102,13 +102,18 @@ func (c *conn) dispatch(frame []byte) {
 		c.answers.others = c.calls.len()
 		c.answers.sideOnly = cl.orderCheck && c.pool.slowUnknown()
 		c.answers.fedOne = c.pool.queueOnOldest()
-		slowBefore, waitedBefore := c.answers.busySlow, c.answers.waited
+		slowBefore, waitedBefore, sideBefore := c.answers.busySlow, c.answers.waited, c.answers.side
 		if c.overtookLocked(cl.seq) {
 			c.answers.inversions++
 			c.answers.overtook = cl.seq // its overtaken calls' answers count no more (see note)
 		}
 		sent := cl.sentAt.Load()
 		c.answers.note(cl.seq, sent, now, drop < 0)
+		if cl.orderCheck && (c.answers.busySlow > slowBefore || c.answers.waited > waitedBefore) {
+			c.pool.checkConfirmed() // answered after the one before it: in order, as believed
+		} else if cl.orderCheck && c.answers.side > sideBefore {
+			c.pool.checkContradicted() // answered beside the one before it: not in order
+		}
 		if sent != 0 && !cl.orderCheck {
 			c.pool.noteStormy(now-sent, now, c.answers.usual)
 		}

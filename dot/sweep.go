@@ -445,6 +445,9 @@ func (p *Pool) learn(now int64, conns []*conn) {
 		alone = st.aloneSum / int64(st.aloneN)
 	}
 	mode, changed := m.update(st.evidence, alone, now)
+	if changed && mode == ModeInOrder {
+		p.beliefYoung(now) // re-tested soon: see orderCheckRate
+	}
 	// A query a connection in order, and while the mode is unknown and the
 	// upstream timed slow (slowUnknown; not the untimed start, which says
 	// nothing of the upstream yet): reported when it changes too, so that

@@ -152,3 +152,25 @@ func TestOrderedQueueWeighsAsInOrder(t *testing.T) {
 		})
 	}
 }
+
+// A slow gap weighs as evidence of in order only up to one usual answer
+// time (ownSpan): beyond it, the answer was slow in itself, which an
+// out-of-order upstream shows as well when two answers happen to come in
+// write order. Property seed 70: two queries written together, answered 9
+// and 72 ms later (usual 23 ms), weighed minSlowEvidence alone.
+func TestSlowGapWeighsOneUsualTime(t *testing.T) {
+	ms := int64(time.Millisecond)
+	l := answerLog{usual: 23 * ms}
+	l.note(1, 1*ms, 10*ms, true) // alone
+	l.note(2, 1*ms, 73*ms, true) // written with it, 63 ms after its answer
+	st := l.collect()
+	if want := slowWeight(23 * ms); st.busy != want || st.busySlow != want {
+		t.Errorf("Evidence %+v, want busy and slow %v (one usual time), not %v", st.evidence, want, slowWeight(63*ms))
+	}
+	fresh := answerLog{} // no usual time yet: the gap weighs whole
+	fresh.note(1, 1*ms, 10*ms, true)
+	fresh.note(2, 1*ms, 73*ms, true)
+	if st := fresh.collect(); st.busySlow != slowWeight(63*ms) {
+		t.Errorf("Evidence %+v with no usual time, want slow %v", st.evidence, slowWeight(63*ms))
+	}
+}
