@@ -219,8 +219,8 @@ func (p *Pool) answerDueBy(by int64) bool {
 // side by side needs about four of them (minSideEvidence, decayed) or the
 // luck of one that overtakes: the wrong belief held for seconds, until it
 // lapsed (property seed 70 before slowGapSpan: corrected by a check in 9 of
-// 20 runs before the load ended). So checks go youngCheckLevel times twice
-// as often as in order is learned, and half as often again with each check
+// 20 runs before the load ended). So checks go 2^youngCheckLevel times as
+// often as in order is learned, and half as often again with each check
 // whose answer confirms it (it came after the query it went behind, a
 // service time later: a slow gap or a waited answer), for youngBeliefSpan at
 // most; a check answered side by side raises the rate (checkContradicted).
@@ -230,11 +230,19 @@ func (p *Pool) answerDueBy(by int64) bool {
 
 // orderCheckRate is how many queries, one of which is an order check: fewer
 // while the in-order belief is young (see youngCheckLevel).
+// Once the young rate is over (its span ended, or in order lapsed), the
+// first query to see it sets youngLevel to 0, so that the queries after it
+// read one atomic and no clock.
 func (p *Pool) orderCheckRate() uint32 {
-	if l := p.youngLevel.Load(); l > 0 && nanotime() < p.youngUntil.Load() && p.learned.mode.get() == ModeInOrder {
-		return orderCheckEvery >> l
+	l := p.youngLevel.Load()
+	if l == 0 {
+		return orderCheckEvery
 	}
-	return orderCheckEvery
+	if nanotime() >= p.youngUntil.Load() || p.learned.mode.get() != ModeInOrder {
+		p.youngLevel.CompareAndSwap(l, 0)
+		return orderCheckEvery
+	}
+	return orderCheckEvery >> l
 }
 
 // beliefYoung starts the young rate of order checks: in order was learned at
@@ -262,17 +270,15 @@ func (p *Pool) checkConfirmed() {
 // minSideEvidence of them and sideShare of the slow gaps that taught it
 // (decayed: nine or so after a burst learned it), and the young rate alone
 // took about a second to gather them at 333 QPS.
-func (p *Pool) checkContradicted() {
-	for {
-		l := p.youngLevel.Load()
-		if l >= contradictedLevel || p.youngLevel.CompareAndSwap(l, contradictedLevel) {
-			return
-		}
-	}
-}
+// No level is above contradictedLevel (the guard below), so a store raises.
+func (p *Pool) checkContradicted() { p.youngLevel.Store(contradictedLevel) }
 
 // contradictedLevel: see checkContradicted.
 const contradictedLevel = 4
+
+// The build fails if a young belief starts above contradictedLevel, which
+// checkContradicted would then lower.
+const _ = uint(contradictedLevel - youngCheckLevel)
 
 // youngCheckLevel: as in order is learned, order checks go 2^youngCheckLevel
 // times as often (see orderCheckRate).

@@ -209,13 +209,7 @@ func TestYoungInOrderBeliefRetestedSoon(t *testing.T) {
 		learnInOrder(t, p, service)
 		s.SetInOrder(false)
 		out := offerFor(p, int(within/gap), gap, names("b"))
-		corrected := time.Duration(-1)
-		for start := time.Now(); time.Since(start) < within; time.Sleep(10 * time.Millisecond) {
-			if p.Stats().Mode != ModeInOrder {
-				corrected = time.Since(start)
-				break
-			}
-		}
+		corrected := inOrderLeft(p, within)
 		checkOutcomes(t, out(), func(string) time.Duration { return 2 * service })
 		if corrected < 0 || corrected > youngCorrected {
 			t.Errorf("A young in-order belief corrected after %v (-1: never in %v), want within %v", corrected, within, youngCorrected)
@@ -246,4 +240,34 @@ func TestConfirmedInOrderBeliefChecksSeldom(t *testing.T) {
 			t.Errorf("In order, %d queries after it was learned: an order check in %d, want one in %d (young level %d)", n, r, orderCheckEvery, p.youngLevel.Load())
 		}
 	})
+}
+
+// The young rate of order checks holds while its span lasts and in order is
+// believed; once either ends, the first query to see it clears youngLevel,
+// so that the queries after it read no clock (orderCheckRate).
+func TestYoungRateClearedOnceOver(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mode  Mode
+		until time.Duration // youngUntil from now
+		want  uint32
+		level int32 // youngLevel after
+	}{
+		{"young", ModeInOrder, time.Second, orderCheckEvery >> youngCheckLevel, youngCheckLevel},
+		{"span over", ModeInOrder, -time.Millisecond, orderCheckEvery, 0},
+		{"in order lapsed", ModeUnknown, time.Second, orderCheckEvery, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Pool{}
+			p.learned.mode.mode.Store(int32(tc.mode))
+			p.youngLevel.Store(youngCheckLevel)
+			p.youngUntil.Store(nanotime() + int64(tc.until))
+			if r := p.orderCheckRate(); r != tc.want {
+				t.Errorf("orderCheckRate() = %d, want %d", r, tc.want)
+			}
+			if l := p.youngLevel.Load(); l != tc.level {
+				t.Errorf("youngLevel = %d after, want %d", l, tc.level)
+			}
+		})
+	}
 }

@@ -431,32 +431,34 @@ func TestOrderChecksCorrectAWrongInOrder(t *testing.T) {
 	const sideBySideCorrected = 8 * time.Second
 	opts := dottest.Options{InOrder: true, Delay: func(dns.Question) time.Duration { return answer }}
 	bubble(t, opts, time.Millisecond, nil, func(t *testing.T, s *dottest.Server, p *Pool, rec *recorder) {
-		name := func(prefix string) func(int) string {
-			return func(i int) string { return fmt.Sprintf("%s%d.example.", prefix, i) }
-		}
 		// A burst (queued behind each other: in order is learned), then
 		// the steady load, one query a connection.
-		checkOutcomes(t, offer(p, 100, 0, name("burst")), func(string) time.Duration { return 2 * time.Second })
-		checkOutcomes(t, offer(p, 2000, gap, name("a")), func(string) time.Duration { return 2 * time.Second })
+		checkOutcomes(t, offer(p, 100, 0, names("burst")), func(string) time.Duration { return 2 * time.Second })
+		checkOutcomes(t, offer(p, 2000, gap, names("a")), func(string) time.Duration { return 2 * time.Second })
 		if m := p.Stats().Mode; m != ModeInOrder {
 			t.Fatalf("Mode = %v, want %v before the switch; %d modes reported", m, ModeInOrder, rec.get(func(r *recorder) int { return len(r.modes) }))
 		}
 		s.SetInOrder(false)
 		const within = 20 * time.Second
-		out := offerFor(p, int(within/gap), gap, name("b"))
-		corrected := time.Duration(-1)
-		for start := time.Now(); time.Since(start) < within; time.Sleep(10 * time.Millisecond) {
-			if p.Stats().Mode != ModeInOrder {
-				corrected = time.Since(start)
-				break
-			}
-		}
+		out := offerFor(p, int(within/gap), gap, names("b"))
+		corrected := inOrderLeft(p, within)
 		checkOutcomes(t, out(), func(string) time.Duration { return 2 * time.Second })
 		t.Logf("In order corrected to %v after %v", p.Stats().Mode, corrected)
 		if corrected < 0 || corrected > sideBySideCorrected {
 			t.Errorf("In order corrected after %v (-1: never in %v), want within %v", corrected, within, sideBySideCorrected)
 		}
 	})
+}
+
+// inOrderLeft waits up to within (in a bubble: virtual time) for p's mode
+// to leave in order, and reports how long that took; -1 if it did not.
+func inOrderLeft(p *Pool, within time.Duration) time.Duration {
+	for start := time.Now(); time.Since(start) < within; time.Sleep(10 * time.Millisecond) {
+		if p.Stats().Mode != ModeInOrder {
+			return time.Since(start)
+		}
+	}
+	return -1
 }
 
 // offerFor runs offer in the background and returns a function that waits for
