@@ -69,6 +69,7 @@ func TestDesignNumbers(t *testing.T) {
 		"unknownSlow":              unknownSlow,
 		"minQueueDepth":            minQueueDepth,
 		"queueShared":              queueShared,
+		"pauseOutstanding":         pauseOutstanding,
 		"rescueShare":              rescueShare,
 		"maxRescueBurst":           maxRescueBurst,
 		"spellNear":                spellNear,

@@ -31,8 +31,9 @@
 //     first answer the bound that keeps a black hole cheap (untimedRoom).
 //   - queuedepth.go: while the mode is unknown, no connection queued deeper
 //     than a dial is worth (queueDepth; where a queue costs about a dial or
-//     more, the oldest connection alone holds one: dearQueue), nor behind an
-//     answer overdue by a dial's time (overdueAfter), and the waiting
+//     more, the oldest connection alone holds one, and in a pause none:
+//     dearQueue, pausedFor), nor behind an answer overdue by a dial's time
+//     (overdueAfter), and the waiting
 //     queries that keep their own dials until that can be figured
 //     (awaitsItsDial).
 //   - firstdial.go: before the first answer, which queries share the pool's

@@ -166,12 +166,14 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 			within = slots
 		}
-		if best == nil && cl.within == 0 && (overdue || queuesServed) {
+		if best == nil && cl.within == 0 && (overdue || queuesServed || oldestOnly) {
 			// Every connection with room holds a queue that, were the
 			// upstream in order, would take longer than a dial, and
-			// queues are being served, or waits for an overdue answer:
-			// the query goes as pickIdle sends it (an idle connection,
-			// or a dial of its own). Not a
+			// queues are being served, or waits for an overdue answer,
+			// or a queue is dear (oldestOnly: the oldest holds its one,
+			// the others theirs; in a pause, none takes one, see
+			// dearQueue): the query goes as pickIdle sends it (an idle
+			// connection, or a dial of its own). Not a
 			// replay held by its cut: it looks at the open connections
 			// again without it first (pick), and a dial pickIdle started
 			// for it was left a spare when it took a slot there
