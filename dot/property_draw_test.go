@@ -36,6 +36,7 @@ type behaviour struct {
 	loaded    []spell       // the client's machine is loaded: each read of a connection returns delay late, each dial 5×delay late
 	silent    bool          // the server reads queries and answers none
 	kind      steadyKind    // TestPropertySteady's kind of upstream (property_steady_test.go); kindNone for TestProperty's
+	mix       *mixture      // TestPropertyMixed's backends, which replace inOrder (property_mixed_test.go); nil for the others
 }
 
 // spell is a spell of a behaviour, from at after the load's start.
@@ -184,7 +185,15 @@ func (b *behaviour) baseTime(name string) time.Duration {
 // at is written: its base time, jittered by j (in [-1, 1]), grown in a storm,
 // and pushed to the end of a stall it would fall in.
 func (b *behaviour) answerTime(name string, at time.Duration, j float64) time.Duration {
-	d := float64(b.baseTime(name)) * (1 + b.jitter*j)
+	return b.answerTimeAt(name, at, j, 1)
+}
+
+// answerTimeAt is answerTime on a backend whose answers take speed times the
+// drawn base time (a mixed upstream's, see backend): before storms and
+// stalls, which the address's every backend shares (a loaded network, a
+// stalled balancer). A speed of 1 is answerTime exactly.
+func (b *behaviour) answerTimeAt(name string, at time.Duration, j, speed float64) time.Duration {
+	d := float64(b.baseTime(name)) * speed * (1 + b.jitter*j)
 	for _, w := range b.storms {
 		if w.covers(at) {
 			d *= w.factor
@@ -246,6 +255,9 @@ func (b behaviour) String() string {
 	}
 	if b.silent {
 		s.WriteString(", answers nothing")
+	}
+	if b.mix != nil {
+		s.WriteString(", " + b.mix.String())
 	}
 	return s.String()
 }

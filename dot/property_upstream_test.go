@@ -52,12 +52,42 @@ func newSimUpstream(t *testing.T, b *behaviour) *simUpstream {
 	cfg := cert.ServerTLS()
 	cfg.NextProtos = []string{"dot"}
 	cfg.CurvePreferences = []tls.CurveID{tls.X25519} // as dottest's pipe servers: CPU is not what is tested
-	return &simUpstream{
+	u := &simUpstream{
 		b: b, start: time.Now(), cert: cert, tls: cfg,
 		asked: map[string]int{},
 		conns: map[*simConn]struct{}{},
 		stop:  make(chan struct{}),
 	}
+	u.cutAtSwitch()
+	return u
+}
+
+// cutAtSwitch closes every open connection at a mixed upstream's switch,
+// if its style is switchCuts: the server behind the address failed over or
+// restarted, and the connections to the old one die with it, busy or not.
+func (u *simUpstream) cutAtSwitch() {
+	m := u.b.mix
+	if m == nil || m.switchAt == 0 || m.style != switchCuts {
+		return
+	}
+	u.wg.Go(func() {
+		t := time.NewTimer(m.switchAt)
+		defer t.Stop()
+		select {
+		case <-u.stop:
+			return
+		case <-t.C:
+		}
+		u.mu.Lock()
+		conns := make([]*simConn, 0, len(u.conns))
+		for sc := range u.conns {
+			conns = append(conns, sc)
+		}
+		u.mu.Unlock()
+		for _, sc := range conns {
+			sc.close()
+		}
+	})
 }
 
 // heldEvery is how often sampleHeld samples the open connections.
@@ -109,7 +139,7 @@ func (u *simUpstream) dial(ctx context.Context, withTLS bool) (net.Conn, error) 
 		return nil, err
 	}
 	client, server := dottest.Pipe()
-	sc := &simConn{u: u, raw: server, done: make(chan struct{})}
+	sc := &simConn{u: u, raw: server, done: make(chan struct{}), freed: make(chan struct{}, 1), dialedAt: u.since()}
 	u.mu.Lock()
 	if u.closed {
 		u.mu.Unlock()
@@ -206,12 +236,13 @@ func (c *loadedConn) Read(p []byte) (int, error) {
 
 // simConn is the server's end of one connection.
 type simConn struct {
-	u    *simUpstream
-	n    int // the upstream's n-th connection, for -property.trace
-	raw  net.Conn
-	c    net.Conn // raw, or TLS over it
-	once sync.Once
-	done chan struct{} // closed by close
+	u        *simUpstream
+	n        int           // the upstream's n-th connection, for -property.trace and a mixed upstream's backend
+	dialedAt time.Duration // since the load's start: which side of a mixed upstream's switch it was made
+	raw      net.Conn
+	c        net.Conn // raw, or TLS over it
+	once     sync.Once
+	done     chan struct{} // closed by close
 
 	wmu      sync.Mutex // serialises answers
 	answered int        // guarded by wmu
@@ -219,6 +250,7 @@ type simConn struct {
 	pending sync.WaitGroup // answers being prepared (out of order)
 	busy    sync.Mutex     // guards outstanding
 	outst   int            // guarded by busy: queries taken and not yet answered
+	freed   chan struct{}  // a token each time an answer ends (capacity 1): wakes takeBounded
 }
 
 func (sc *simConn) close() {
@@ -250,6 +282,10 @@ func (sc *simConn) serve(withTLS bool) {
 		if b := sc.u.b; b.limit > 0 && received > b.limit {
 			sc.traceIgnore(wire)
 			continue // over the connection's query limit: read and ignored
+		}
+		if sc.u.b.mix != nil {
+			sc.takeBounded(wire)
+			continue
 		}
 		sc.take(wire)
 	}
@@ -311,15 +347,48 @@ func (sc *simConn) take(wire []byte) {
 	}
 	sc.addOutstanding(1)
 	if sc.u.b.inOrder {
-		sc.answer(q)
+		sc.answer(q, 1)
 		return
 	}
-	sc.pending.Go(func() { sc.answer(q) })
+	sc.pending.Go(func() { sc.answer(q, 1) })
 }
 
-func (sc *simConn) answer(q *dns.Msg) {
+// takeBounded serves a query on a mixed upstream's connection as its backend
+// does (see backend): at most depth of the connection's queries worked on at
+// once (1: in order, one at a time; 0: any number), each on its own
+// goroutine; past it the server reads nothing more until one is answered, so
+// the queries behind wait, in order, as a pipelining server's queue does.
+// The backend is asked again at each query: an in-place switch changes it
+// under an open connection.
+func (sc *simConn) takeBounded(wire []byte) {
+	q := new(dns.Msg)
+	if q.Unpack(wire) != nil || len(q.Question) != 1 || sc.u.b.silent {
+		return
+	}
+	be := sc.backend()
+	for be.depth > 0 && sc.outstanding() >= be.depth {
+		select {
+		case <-sc.freed:
+		case <-sc.done:
+			return
+		}
+		be = sc.backend()
+	}
+	sc.addOutstanding(1)
+	sc.pending.Go(func() { sc.answer(q, be.speed) })
+}
+
+// backend is the backend serving the connection now.
+func (sc *simConn) backend() backend {
+	return sc.u.b.mix.backendOf(sc.n, sc.dialedAt, sc.u.since())
+}
+
+// answer answers q after its answer time, on a backend speed times as slow
+// as the drawn upstream (1 but on a mixed upstream).
+func (sc *simConn) answer(q *dns.Msg, speed float64) {
+	defer sc.signalFreed()
 	defer sc.addOutstanding(-1)
-	d := sc.u.b.answerTime(q.Question[0].Name, sc.u.since(), sc.u.drawJitter(q.Question[0].Name))
+	d := sc.u.b.answerTimeAt(q.Question[0].Name, sc.u.since(), sc.u.drawJitter(q.Question[0].Name), speed)
 	sc.traceTake(q.Question[0].Name, d)
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -333,6 +402,15 @@ func (sc *simConn) answer(q *dns.Msg) {
 		return
 	}
 	sc.write(wire)
+}
+
+// signalFreed tells takeBounded an answer ended (after outstanding fell):
+// a token left over from an earlier answer only makes it check once more.
+func (sc *simConn) signalFreed() {
+	select {
+	case sc.freed <- struct{}{}:
+	default:
+	}
 }
 
 // reply answers q with an A record, and with the idle timeout in a keepalive
