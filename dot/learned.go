@@ -147,10 +147,6 @@ type serveMode struct {
 	// waitedSince: the waited answers noted on every connection since the
 	// last update (see waitedSuffices)
 	waitedKept, waitedSince atomic.Int64
-	// restarted: unix ns of the server's last restart told by its busy
-	// cuts (limitCut), for the next update to forget the mode by; 0: none
-	// since that update
-	restarted atomic.Int64
 
 	until        int64    // unix ns until which mode holds without new evidence
 	inverted     int64    // unix ns of the last answer out of order seen
@@ -245,9 +241,6 @@ func (m *serveMode) get() Mode { return Mode(m.mode.Load()) }
 // answers or rescues that win make it in order again as above. A mode holds
 // learnedTTL past its last evidence, then is unknown again.
 func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
-	if m.restarted.Swap(0) != 0 {
-		return m.forget()
-	}
 	m.decay(e)
 	if e.inversions > 0 {
 		m.inverted = now
@@ -267,54 +260,6 @@ func (m *serveMode) update(e evidence, alone, now int64) (Mode, bool) {
 	m.waitedKept.Store(int64(m.acc.waited * 7 / 8 * 1000))
 	m.waitedSince.Store(0)
 	return next, next != old
-}
-
-// restart is told, by limitCut, that the server restarted (its busy cuts
-// came together after unlike numbers of answers): the server that answered
-// out of order, or in order, is gone, and what its answers showed says
-// nothing of the one now behind the address (a failover, a restart, a
-// balancer's new backend). The mode is unknown at once, before the cut
-// connections' queries are replayed, and so are the answer times (usual,
-// spacing, mean; the new server's first answers time them anew, see
-// firstAnswer): untimed, each replay and each new query has a connection of
-// its own until the first answer (slowUnknown), as forward's. The next
-// update drops the evidence (forget). Kept, an out-of-order belief held for
-// outOfOrderQuiet past the old server's last inversion, while the new one
-// served in order and the queries queued on few connections behind each
-// other (mixed property seed 78: cut at 472 ms, in order learned at 1,470
-// ms, p99 1.2 s against forward's 34 ms); forgotten only at the next
-// update, 16 ms later, the replays had queued on one new connection
-// meanwhile and were rescued each onto a connection of its own (136
-// connections against forward's 22). Any goroutine: atomics only.
-func (m *serveMode) restart(now int64) {
-	m.restarted.Store(now)
-	m.mode.Store(int32(ModeUnknown))
-	m.usual.Store(0)
-	m.mean.Store(0)
-	m.spacing.Store(0)
-	m.firstOnly.Store(false)
-	for i := range m.firsts {
-		m.firsts[i].Store(0)
-	}
-	m.firstCount.Store(0)
-}
-
-// forget, at the first update after a restart, drops the evidence the mode
-// was learned from: this update's too, the old server's answers. It
-// reports the mode and whether it changed.
-func (m *serveMode) forget() (Mode, bool) {
-	old := m.get()
-	m.acc, m.crowded, m.sideSlow = evidence{}, 0, 0
-	m.inverted, m.until, m.gainless = 0, 0, 0
-	m.mode.Store(int32(ModeUnknown))
-	m.spreadless.Store(false)
-	m.rescue.Store(false)
-	m.waits.Store(false)
-	m.slowKept.Store(0)
-	m.busyKept.Store(0)
-	m.waitedKept.Store(0)
-	m.waitedSince.Store(0)
-	return ModeUnknown, old != ModeUnknown
 }
 
 // slowSuffices reports whether slow gaps weighing slow, among busy answers

@@ -21,7 +21,6 @@ type queryLimit struct {
 	// last of them that showed a restart (see limitCut)
 	firstServed int
 	quietTill   int64 // unix ns until which cuts teach nothing: the server restarted (see learnLimit)
-	busyCuts    bool  // a cut among those within restartWindow of each other up to the last was busy
 	// n and until before the first of the cuts that came within
 	// restartWindow of each other up to the last one: what a restart
 	// among them takes back to, however many of them taught.
@@ -285,19 +284,12 @@ func (p *Pool) limitCut(served, most int, busy, atAnswer bool, now int64) int32 
 		l.prevN, l.prevUntil = l.n.Load(), l.until.Load()
 		l.firstServed = served
 	}
-	l.busyCuts = together && l.busyCuts || busy
 	// Unlike the last cut, or the first of those together: a restart's cuts
 	// after 37, 36, 35 and 34 answers are each alike the one before.
 	if (busy || atAnswer) && refutesLimit(most, served) || together && (!alike(served, l.cutServed) || !alike(served, l.firstServed)) {
 		l.quietTill = now + int64(restartWindow)
 		l.n.Store(l.prevN) // a restart: take back what its first cuts taught
 		l.until.Store(l.prevUntil)
-		if l.busyCuts {
-			// The server cut queries it was serving: it is gone, and
-			// the mode learned of it with it (serveMode.forget). Idle
-			// cuts alone are as likely its idle timer's.
-			p.learned.mode.restart(now)
-		}
 		// The cuts after it are compared with this one, not with the
 		// first: the rest of a restart's drift comes within quietTill,
 		// which teaches nothing anyway. Compared with the first, one odd
