@@ -21,18 +21,20 @@ build:
 # server they need is missing. The property test's verdicts are judged without the
 # race detector (under it, goroutines are scheduled otherwise: it is a race check
 # there), so it runs once more without it: 200 seeds in about 10 s, and the 100
-# of the steady family (TestPropertySteady, dot/property_steady_test.go).
+# of the steady family (TestPropertySteady, dot/property_steady_test.go) and of the
+# mixed one (TestPropertyMixed, dot/property_mixed_test.go).
 test: test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
-	$(GO) test -count=1 -timeout 10m -run 'TestProperty$$|TestPropertySteady$$' ./dot/
+	$(GO) test -count=1 -timeout 10m -run 'TestProperty$$|TestPropertySteady$$|TestPropertyMixed$$' ./dot/
 
 # test-property runs the property test's verdicts on the pool strictly: seeded upstreams
 # and loads, the pool beside a model of forward (dot/property_verdict_test.go), every
 # failing seed failing, the known ones too, and issue 21's own upstreams (build tag
 # property). make test runs TestProperty as a ratchet on the known failures
-# (dot/testdata/property_known_failures.txt), and TestPropertySteady on its own
-# (property_steady_known_failures.txt). PROPERTY_SEEDS sets how many seeds.
+# (dot/testdata/property_known_failures.txt), and TestPropertySteady and
+# TestPropertyMixed on their own (property_steady_known_failures.txt,
+# property_mixed_known_failures.txt). PROPERTY_SEEDS sets how many seeds.
 PROPERTY_SEEDS ?= 200
 test-property:
 	$(GO) test -tags property -count=1 -timeout 30m -run 'TestProperty' ./dot/ -property.seeds=$(PROPERTY_SEEDS) -property.strict

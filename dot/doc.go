@@ -82,6 +82,13 @@
 //   - coalesce.go: identical queries share one exchange (flights).
 //   - fdlimit.go: a process out of file descriptors: no strike, a cap re-tested.
 //   - backoff.go, tls.go, config.go, observer.go, errors.go.
+//   - property_*_test.go: the property tests, the pool judged against a model
+//     of forward (property_forward_test.go) on seeded upstreams served in
+//     synctest bubbles (property_upstream_test.go): TestProperty's broad
+//     draw (property_draw_test.go), TestPropertySteady's steady loads of
+//     issue 21's upstreams, and TestPropertyMixed's (property_mixed_test.go)
+//     balancers mixing backends, servers switched mid-run and bounded
+//     pipelining; each with its known failures in testdata/.
 //
 // # Words
 //
