@@ -34,8 +34,12 @@ import (
 //   - Each attempt's read waits at most readTimeout (2 s), or to the query's
 //     deadline if sooner. A write or read error on a connection taken from the
 //     stack (the server cut it at its query limit or idle timeout) is retried
-//     at once on another (ErrCachedClosed); any other error, a timeout
-//     included, fails the query (one upstream: forward tries no other).
+//     at once on another (ErrCachedClosed), without counting as an attempt;
+//     any other error, a timeout included, counts as one, and the query is
+//     tried again until forwardAttempts were made: CoreDNS 1.15's
+//     max_connect_attempts defaults to 2 per upstream (forward.go's
+//     defaultConnectAttemptsPerUpstream), so with one upstream forward tries
+//     it twice before its SERVFAIL.
 //   - Answers whose ID is not the query's are read past.
 //
 // It dials the same simulated upstream as the pool, over TLS as the pool does
@@ -53,6 +57,7 @@ type forwardModel struct {
 const (
 	forwardReadTimeout = 2 * time.Second
 	forwardExpire      = 10 * time.Second
+	forwardAttempts    = 2 // max_connect_attempts' default with one upstream
 )
 
 type modelConn struct {
@@ -68,9 +73,13 @@ var errModelTimeout = errors.New("forward model: read timed out")
 func (f *forwardModel) exchange(m *dns.Msg, deadline time.Time) (*dns.Msg, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	attempts := 0
 	for ctx.Err() == nil {
 		c, cached, err := f.take(ctx)
 		if err != nil {
+			if attempts++; attempts < forwardAttempts {
+				continue
+			}
 			return nil, err
 		}
 		rd := time.Now().Add(forwardReadTimeout)
@@ -85,6 +94,9 @@ func (f *forwardModel) exchange(m *dns.Msg, deadline time.Time) (*dns.Msg, error
 		c.Close()
 		if cached && !errors.Is(err, errModelTimeout) {
 			continue // ErrCachedClosed: forward retries at once
+		}
+		if attempts++; attempts < forwardAttempts {
+			continue
 		}
 		return nil, err
 	}
@@ -265,4 +277,25 @@ func TestForwardModelDialsAsThePoolDoes(t *testing.T) {
 				modelDial, poolDial, b.handshake, 5*delay)
 		}
 	})
+}
+
+// Both sides of the property test try a query twice, as CoreDNS's forward
+// and the plugin do by default with one upstream (max_connect_attempts, 2 per
+// upstream): a query whose first attempt outlives the 2 s read timeout is
+// sent again and answered within its 5 s deadline. Here the upstream answers
+// nothing for 2.5 s; each side's first attempt times out at 2 s, and its second
+// is answered as the stall ends. With one attempt (the harness before
+// session 23), both sides failed the query.
+func TestForwardModelAndPoolTryTwice(t *testing.T) {
+	b := behaviour{seed: 1, scale: time.Millisecond, handshake: time.Millisecond,
+		stalls: []spell{{length: 2500 * time.Millisecond}}}
+	ld := offeredLoad{qps: 1, arrivals: []time.Duration{0}, deadline: 5 * time.Second}
+	for name, run := range map[string]func(*testing.T, *behaviour, offeredLoad) loadOutcome{
+		"forward": runForward, "pool": runPool,
+	} {
+		o := run(t, &b, ld)
+		if o.answered != 1 || len(o.took) != 1 || o.took[0] <= forwardReadTimeout {
+			t.Errorf("%s: %v; want the query answered after a second attempt, past %v", name, o, forwardReadTimeout)
+		}
+	}
 }

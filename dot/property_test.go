@@ -256,12 +256,33 @@ func runPool(t *testing.T, b *behaviour, ld offeredLoad) loadOutcome {
 			defer tracingPool.Store(false)
 		}
 		o = offerLoad(ld, propertySlack(b), func(ctx context.Context, m *dns.Msg, _ time.Time) (*dns.Msg, error) {
-			return p.Exchange(ctx, m)
+			return exchangeAsPlugin(ctx, p, m)
 		}, func() { p.Close() }, poolErrKind)
 		up.close()
 		o.peak, o.dials, o.held, o.heldMean = up.stats()
 	})
 	return o
+}
+
+// pluginAttempts is how many times the plugin tries a query on its one
+// upstream: max_connect_attempts' default, 2 per upstream, the same as
+// forward's (forwardAttempts).
+const pluginAttempts = 2
+
+// exchangeAsPlugin sends m as the plugin's route does with one upstream
+// (route.go): an attempt that failed is made again, up to pluginAttempts and
+// while ctx lasts, unless the pool refused it unsent (unavailable or closed),
+// after which the plugin has no upstream left to try.
+func exchangeAsPlugin(ctx context.Context, p *Pool, m *dns.Msg) (*dns.Msg, error) {
+	var err error
+	for range pluginAttempts {
+		var r *dns.Msg
+		if r, err = p.Exchange(ctx, m); err == nil || ctx.Err() != nil ||
+			errors.Is(err, ErrUnavailable) || errors.Is(err, ErrPoolClosed) {
+			return r, err
+		}
+	}
+	return nil, err
 }
 
 // runForward offers ld to the model of forward in front of a fresh upstream
