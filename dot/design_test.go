@@ -67,6 +67,8 @@ func TestDesignNumbers(t *testing.T) {
 		"youngBeliefSpan":          youngBeliefSpan,
 		"rescueFactor":             rescueFactor,
 		"unknownSlow":              unknownSlow,
+		"queueDials":               queueDials,
+		"lightTurnover":            lightTurnover,
 		"minQueueDepth":            minQueueDepth,
 		"queueShared":              queueShared,
 		"pauseOutstanding":         pauseOutstanding,
