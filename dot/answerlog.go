@@ -49,6 +49,9 @@ type answerStats struct {
 	// serveMode.spacing)
 	gapSum int64
 	gapN   int
+	// depth: out of order, each delivered answer's time against the
+	// depth its call was written at (see depthcost.go)
+	depth depthFit
 }
 
 // evidence counts what answers showed of how the upstream serves a connection.
@@ -372,4 +375,5 @@ func (st *answerStats) add(o answerStats) {
 	st.n += o.n
 	st.gapSum += o.gapSum
 	st.gapN += o.gapN
+	st.depth.merge(o.depth)
 }

@@ -71,6 +71,9 @@
 //     silent connections, see silence.go), restarts told apart from it, the
 //     depth no connection goes past before answers prove it (reach), and a
 //     connection's side of it (draining at it, evicting past it).
+//   - depthcost.go: out of order, what a query's place on its connection
+//     costs it (answer time against depth, fitted), and the depth that
+//     bounds a connection where it costs (a server working on k at once).
 //   - silence.go: a silent connection, found on the sweeper's ticks, and what
 //     its silence teaches the query limit.
 //   - probe.go: the depth probe: a slow out-of-order upstream with no limit

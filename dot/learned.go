@@ -125,7 +125,13 @@ type serveMode struct {
 	// smoothed; 0: none yet. In order, a query waits a spacing for each one
 	// written before it on its connection (see Pool.queueDepth)
 	spacing atomic.Int64
-	rescue  atomic.Bool // rescues won lately: a hint of in-order before the evidence suffices
+	// depthCost: ns, how much longer out of order a query's answer takes
+	// for each query written before it and outstanding on its connection,
+	// smoothed; 0 or 1: none shown (see depthcost.go)
+	depthCost  atomic.Int64
+	fit        depthFit    // the answers fitted toward the next depth cost (see learnDepthCost)
+	depthShown int         // the fits in a row that showed a depth cost (see learnDepthCost)
+	rescue     atomic.Bool // rescues won lately: a hint of in-order before the evidence suffices
 	// spreadless: gainless is set (a query a connection was left as
 	// sparing no wait), for the hot path (see dearQueue)
 	spreadless atomic.Bool
@@ -376,6 +382,7 @@ func (m *serveMode) learnTimes(st answerStats) {
 	}
 	ewma(&m.mean, st.sum, st.n)
 	ewma(&m.spacing, st.gapSum, st.gapN)
+	m.learnDepthCost(st.depth)
 }
 
 func ewma(v *atomic.Int64, sum int64, n int) {

@@ -60,6 +60,9 @@ func (p *Pool) queueDepth() int32 {
 // nothing outstanding.
 func (p *Pool) queueBound() (depth int32, oldestOnly bool) {
 	slots := int32(p.cfg.MaxInflight)
+	if p.cfg.MaxConns == 0 && p.learned.mode.get() == ModeOutOfOrder {
+		return p.depthBound(slots), false // see depthcost.go
+	}
 	if p.cfg.MaxConns > 0 || p.learned.mode.get() != ModeUnknown {
 		return slots, false
 	}

@@ -109,6 +109,9 @@ func (c *conn) dispatch(frame []byte) {
 		}
 		sent := cl.sentAt.Load()
 		c.answers.note(cl.seq, sent, now, drop < 0)
+		if sent != 0 && drop < 0 && c.pool.learned.mode.get() != ModeInOrder {
+			c.answers.noteDepthCost(int64(cl.seq)-1-cl.readsAt.Load(), now-sent) // see depthcost.go
+		}
 		if cl.orderCheck && (c.answers.busySlow > slowBefore || c.answers.waited > waitedBefore) {
 			c.pool.checkConfirmed() // answered after the one before it: in order, as believed
 		} else if cl.orderCheck && c.answers.side > sideBefore {
