@@ -79,10 +79,7 @@ func (u *simUpstream) cutAtSwitch() {
 		case <-t.C:
 		}
 		u.mu.Lock()
-		conns := make([]*simConn, 0, len(u.conns))
-		for sc := range u.conns {
-			conns = append(conns, sc)
-		}
+		conns := u.connsLocked()
 		u.mu.Unlock()
 		for _, sc := range conns {
 			sc.close()
@@ -189,15 +186,22 @@ func (u *simUpstream) stats() (peak, dials, held int, heldMean float64) {
 	return u.peak, u.dials, u.held, heldMean
 }
 
+// connsLocked returns the open connections, to be closed once u.mu is let go
+// (a connection's close takes locks of its own). u.mu must be held.
+func (u *simUpstream) connsLocked() []*simConn {
+	conns := make([]*simConn, 0, len(u.conns))
+	for sc := range u.conns {
+		conns = append(conns, sc)
+	}
+	return conns
+}
+
 // close closes every connection and waits for their goroutines.
 func (u *simUpstream) close() {
 	u.mu.Lock()
 	u.closed = true
 	close(u.stop)
-	conns := make([]*simConn, 0, len(u.conns))
-	for sc := range u.conns {
-		conns = append(conns, sc)
-	}
+	conns := u.connsLocked()
 	u.mu.Unlock()
 	for _, sc := range conns {
 		sc.close()
