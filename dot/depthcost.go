@@ -39,7 +39,7 @@ package dot
 // once of 11 ms answers cost about 2.7 ms).
 //
 // It adds nothing to the hot path but one atomic load in queueBound; the
-// reader adds five sums per answer.
+// reader adds a load of the mode and five sums per answer.
 
 // depthFit is what a sweep's answers say of answer time against depth: the
 // sums for a least-squares line (depth in queries ahead, time in ns).
@@ -113,11 +113,10 @@ const minDepthSignificance = 3
 // as it is: smoothed from none, it took eight fits to bound a queue that
 // grew by every query meanwhile.
 func (m *serveMode) learnDepthCost(f depthFit) {
-	m.fit.merge(f)
-	c, ok := m.fit.slope()
-	if m.fit.n < minDepthFit {
+	if m.fit.merge(f); m.fit.n < minDepthFit {
 		return
 	}
+	c, ok := m.fit.slope()
 	m.fit = depthFit{}
 	if !ok {
 		return
