@@ -52,6 +52,7 @@ type Pool struct {
 	heldUntil     atomic.Int64            // unix ns of the last late sweeper tick (written by the sweeper, noteHoldUp): the pool's process was held up until then at the latest (see overdue)
 	heldFor       atomic.Int64            // ns: how late that tick ran, the hold-up's length (written by the sweeper, noteHoldUp)
 	askedAt       atomic.Int64            // unix ns when a query went out with the sweeper idle (kickSweeper): the upstream read nothing before, asked nothing (see dearQueue)
+	kickedAt      atomic.Int64            // unix ns of the latest wake of the sweeper (kickSweeper, kickLearn): the woken tick is due then (see sweepLoop)
 	sizeObs       SizeObserver            // obs, or obs with no-op sizing events
 	sizer         sizer                   // the sweeper's
 	spellSamples  []spellSample           // sweeper only: rescueSpells' buffer, kept from sweep to sweep

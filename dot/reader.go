@@ -176,7 +176,7 @@ func (c *conn) askLearnLocked(ordered, spacing, waited bool) {
 		// unknown.
 		c.pool.learnDue.Store(true)
 		if ordered || spacing {
-			c.pool.kickLearn()
+			c.pool.kickLearn(c.answerAt)
 		}
 	}
 	if waited && !c.pool.learned.mode.spreadless.Load() {
@@ -198,7 +198,7 @@ func (c *conn) askLearnLocked(ordered, spacing, waited bool) {
 		// each waited answer could wake a learn of its own.
 		c.pool.learnDue.Store(true)
 		if c.pool.waitedKick(c.answerAt) {
-			c.pool.kickLearn()
+			c.pool.kickLearn(c.answerAt)
 		}
 	}
 }
