@@ -48,7 +48,11 @@ type conn struct {
 	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
 	takenAt   atomic.Int64 // unix ns when it was given its first query; written under mu (see pickInTurn)
 	busyAt    atomic.Int64 // unix ns when it last took a query with nothing outstanding; written under mu (see quietFor)
-	wseq      uint32       // writer goroutine only: calls written so far
+	// orderedCap: the most queries it takes, its server serving them in
+	// order past a few (see orderedqueue.go); 0: no such bound. The
+	// sweeper's; pickInTurn reads it.
+	orderedCap atomic.Int32
+	wseq       uint32 // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
 	calls      callTable     // guarded by mu: live calls and tombstones by ID

@@ -54,6 +54,7 @@ func TestDesignNumbers(t *testing.T) {
 		"minDepthSpread":           minDepthSpread,
 		"minDepthSignificance":     minDepthSignificance,
 		"minDepthShown":            minDepthShown,
+		"orderedReads":             orderedReads,
 		"probeStep":                probeStep,
 		"probeWait":                probeWait,
 		"maxProbeStep":             maxProbeStep,

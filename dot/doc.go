@@ -74,6 +74,9 @@
 //   - depthcost.go: out of order, what a query's place on its connection
 //     costs it (answer time against depth, fitted), and the depth that
 //     bounds a connection where it costs (a server working on k at once).
+//   - orderedqueue.go: out of order, a connection whose queries past a
+//     few wait in write order (its own answers show it), bounded, and the
+//     queries already queued there rescued.
 //   - silence.go: a silent connection, found on the sweeper's ticks, and what
 //     its silence teaches the query limit.
 //   - probe.go: the depth probe: a slow out-of-order upstream with no limit

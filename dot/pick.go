@@ -127,10 +127,15 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 					spares++
 				}
 			case l >= lim:
+			case c.cappedAt(l):
+				overdue = true // full to the bound of its ordered queue: as an overdue one
 			case c.overdue(after, now):
 				overdue = true
 			case a != availQuiet:
 				best, load, near = c, l, a == availNearEnd
+				if k := c.orderedCap.Load(); k > 0 {
+					within = min(within, k) // see cappedAt
+				}
 			case quiet == nil || l < quietLoad: // the least loaded of the quiet ones
 				quiet, quietLoad = c, l
 			}

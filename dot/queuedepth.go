@@ -241,12 +241,7 @@ func (c *conn) overdue(after, now int64) bool {
 	if after == 0 || c.load.Load() == 0 {
 		return false
 	}
-	since := max(c.servedAt.Load(), c.wroteAt.Load())
-	in := now - since
-	if end := c.pool.heldUntil.Load(); end > since {
-		in -= min(c.pool.heldFor.Load(), end-since)
-	}
-	return in > after
+	return c.pool.unheld(max(c.servedAt.Load(), c.wroteAt.Load()), now) > after
 }
 
 // awaitsItsDial reports whether cl, a query that waited for a connection

@@ -201,6 +201,7 @@ func (p *Pool) watch(now, late int64, conns []*conn) (busy bool, total int64) {
 		}
 		c.rescueStuck(&w)
 	}
+	p.watchOrderedQueues(&w, conns)
 	return busy, total
 }
 
