@@ -48,6 +48,8 @@ type conn struct {
 	pickedAt  atomic.Int64 // unix ns when pickIdle last gave it a query before the pool's first answer (see burstSince)
 	takenAt   atomic.Int64 // unix ns when it was given its first query; written under mu (see pickInTurn)
 	busyAt    atomic.Int64 // unix ns when it last took a query with nothing outstanding; written under mu (see quietFor)
+	serial    atomic.Bool  // its own answers show it served in order (serial.go): it takes a query only with nothing outstanding; written under mu
+	overtaken atomic.Bool  // an answer of its own overtook or came side by side, and it was not serial since (serial.go); written under mu
 	wseq      uint32       // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
@@ -68,7 +70,11 @@ type conn struct {
 	werr       error         // guarded by mu: the writer's first error; no write after it
 	idle       time.Duration // guarded by mu: IdleTimeout, lowered by the server's keepalive
 	answers    answerLog     // guarded by mu: what the answers say of the upstream (learned.go)
-	watch      blockWatch    // the sweeper's: is it blocked (rescue.go)
+	// serialWeight, guarded by mu: the in-order evidence of this
+	// connection's own answers, faded, since its last answer out of order
+	// (see judgeSerialLocked)
+	serialWeight float64
+	watch        blockWatch // the sweeper's: is it blocked (rescue.go)
 
 	// The sweeper's view of the read counter, guarded by mu: the reads seen at the
 	// last sweep and since when that number has not moved.

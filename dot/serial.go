@@ -1,0 +1,103 @@
+package dot
+
+// A connection's own order verdict (serial): what its answers alone say of
+// how the server behind it serves it, whatever the address's mode says.
+//
+// The mode (learned.go) is one for the whole address, but a load balancer
+// sends each connection to one of its backends, some in order, some out of
+// order, and one answer that overtook on one connection makes the address
+// out of order: pickInTurn then fills the oldest connection in turn, which
+// may be one an in-order backend serves a query after the other (mixed
+// property seed 62: the first connection, in order, took 452 of 455 queries,
+// p99 392 ms against forward's 3). So each connection weighs its own
+// answers, per answer, as the reader notes them: slow gaps in write order
+// and queries that waited behind the one before (answerLog.noteBusy's
+// busySlow and waited, weighed as there) add to its weight; a busy answer
+// that shows neither fades it; an answer of its own that overtook or came
+// side by side with the one before clears it. A connection whose weight
+// reaches minSerialEvidence is serial: it takes a query only with nothing
+// outstanding, as the in-order mode would give it one, and a query that
+// finds every other connection full goes as pickIdle sends it (an idle
+// connection, or a dial of its own), as forward's would.
+//
+// A connection that overtakes keeps being used deep: every answer of its
+// own out of order clears its weight (unbound's connections, whose answers
+// come tens of microseconds apart, show no slow gap at all).
+
+const (
+	// minSerialEvidence: the weight (slow gaps and waited answers of the
+	// connection's own, faded) that makes a connection serial.
+	minSerialEvidence = 4
+	// serialFade: a busy answer that shows no wait behind the one before
+	// keeps this share of the connection's weight.
+	serialFade = 7.0 / 8
+	// maxSerialWeight: the most weight a connection holds, so that a
+	// verdict a server's switch in place made wrong fades within a few
+	// busy answers.
+	maxSerialWeight = 2 * minSerialEvidence
+)
+
+// queuedBehind is the weight (1 or 0) of in-order evidence of the answer to
+// the call written seq-th on the connection, sent at sentAt, arriving at
+// now, written behind depth calls outstanding: it is the next in write order
+// after the previous answer, came one service time after it (half to twice
+// the connection's latest answer of a call alone, and minServiceGap: not
+// read together with it after a pause), and took three quarters of what
+// depth+1 such services take, a serialGap more than alone. In order, a call
+// written behind depth others waits for each; out of order, its answer time
+// does not grow with the depth. Asked before note.
+func (l *answerLog) queuedBehind(seq uint32, sentAt, now, depth int64) float64 {
+	t0 := l.lastAlone
+	if t0 == 0 || sentAt == 0 || depth < 2 || seq != l.lastSeq+1 || sentAt >= l.lastAt {
+		return 0
+	}
+	gap, t := now-l.lastAt, now-sentAt
+	if gap < max(t0/2, int64(minServiceGap)) || gap > 2*t0 || 4*t < 3*(depth+1)*t0 || t-t0 < int64(serialGap) {
+		return 0
+	}
+	return 1
+}
+
+// judgeSerialLocked folds one served answer into c's own order verdict:
+// ev is the weight of in-order evidence it showed (slow gap, waited), busy
+// whether it was a busy answer, against whether it overtook or came side by
+// side with the one before. c.mu must be held.
+func (c *conn) judgeSerialLocked(ev float64, busy, against bool) {
+	switch {
+	case against:
+		c.serialWeight = 0
+		if !c.overtaken.Load() {
+			c.overtaken.Store(true)
+		}
+	case ev > 0:
+		c.serialWeight = min(c.serialWeight+ev, maxSerialWeight)
+	case busy:
+		c.serialWeight *= serialFade
+	}
+	if s := c.serialWeight >= minSerialEvidence; s != c.serial.Load() {
+		c.serial.Store(s)
+		if s {
+			c.overtaken.Store(false)
+		}
+	}
+}
+
+// beliefOutlived reports whether the out-of-order belief has outlived the
+// connections that earned it: no open connection's own answers hold it (an
+// answer that overtook or came side by side, not shown serial since: closed,
+// or a server switched in place now serving it in order), and one open
+// connection's show it served in order. Then in-order evidence counts at
+// once, not only outOfOrderQuiet after the last answer out of order: that
+// answer's server is gone (mixed property seeds 58, 79, 92: switched in
+// place to in order, the old belief held the new server's queues deep).
+// The sweeper's, at each learn.
+func beliefOutlived(conns []*conn) bool {
+	serial := false
+	for _, c := range conns {
+		if c.overtaken.Load() && !c.closed.Load() {
+			return false
+		}
+		serial = serial || c.serial.Load() && !c.closed.Load()
+	}
+	return serial
+}
