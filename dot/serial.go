@@ -10,10 +10,11 @@ package dot
 // may be one an in-order backend serves a query after the other (mixed
 // property seed 62: the first connection, in order, took 452 of 455 queries,
 // p99 392 ms against forward's 3). So each connection weighs its own
-// answers, per answer, as the reader notes them: slow gaps in write order
-// and queries that waited behind the one before (answerLog.noteBusy's
-// busySlow and waited, weighed as there) add to its weight; a busy answer
-// that shows neither fades it; an answer of its own that overtook or came
+// answers, per answer, as the reader notes them: slow gaps in write order,
+// queries that waited behind the one before (answerLog.noteBusy's busySlow
+// and waited, weighed as there) and queries whose answer time grew with the
+// calls written before them (queuedBehind) add to its weight; an answer
+// that shows none fades it; an answer of its own that overtook or came
 // side by side with the one before clears it. A connection whose weight
 // reaches minSerialEvidence is serial: it takes a query only with nothing
 // outstanding, as the in-order mode would give it one, and a query that
@@ -39,11 +40,12 @@ const (
 
 // queuedBehind is the weight (1 or 0) of in-order evidence of the answer to
 // the call written seq-th on the connection, sent at sentAt, arriving at
-// now, written behind depth calls outstanding: it is the next in write order
-// after the previous answer, came one service time after it (half to twice
-// the connection's latest answer of a call alone, and minServiceGap: not
-// read together with it after a pause), and took three quarters of what
-// depth+1 such services take, a serialGap more than alone. In order, a call
+// now, written behind depth calls outstanding (two or more): it is the next
+// in write order after the previous answer, came one service time after it
+// (half to twice the connection's latest answer of a call alone, and half a
+// serialGap at least: a fast upstream's answers after a pause of its own
+// come tens of microseconds apart), and took three quarters of what depth+1
+// such services take, and a serialGap more than alone. In order, a call
 // written behind depth others waits for each; out of order, its answer time
 // does not grow with the depth. Asked before note.
 func (l *answerLog) queuedBehind(seq uint32, sentAt, now, depth int64) float64 {
@@ -52,7 +54,7 @@ func (l *answerLog) queuedBehind(seq uint32, sentAt, now, depth int64) float64 {
 		return 0
 	}
 	gap, t := now-l.lastAt, now-sentAt
-	if gap < max(t0/2, int64(minServiceGap)) || gap > 2*t0 || 4*t < 3*(depth+1)*t0 || t-t0 < int64(serialGap) {
+	if gap < max(t0/2, int64(serialGap/2)) || gap > 2*t0 || 4*t < 3*(depth+1)*t0 || t-t0 < int64(serialGap) {
 		return 0
 	}
 	return 1
@@ -71,7 +73,12 @@ func (c *conn) judgeSerialLocked(ev float64, busy, against bool) {
 		}
 	case ev > 0:
 		c.serialWeight = min(c.serialWeight+ev, maxSerialWeight)
-	case busy:
+	case busy || !c.serial.Load():
+		// An answer that showed no wait fades the weight, busy or
+		// not: evidence must come close together (a fast out-of-order
+		// upstream's hiccups, each a slow gap now and then, never add
+		// up). Not a serial connection's answers alone: it takes one
+		// query at a time, and they say nothing of its order.
 		c.serialWeight *= serialFade
 	}
 	if s := c.serialWeight >= minSerialEvidence; s != c.serial.Load() {
