@@ -112,7 +112,7 @@ func (c *conn) dispatch(frame []byte) {
 		behind := c.answers.queuedBehind(cl.seq, sent, now, int64(cl.seq)-1-cl.readsAt.Load())
 		c.answers.note(cl.seq, sent, now, drop < 0)
 		c.judgeSerialLocked(c.answers.busySlow-slowBefore+c.answers.waited-waitedBefore+behind, c.answers.busy > busyBefore,
-			c.answers.inversions > invBefore || c.answers.side > sideBefore)
+			c.answers.inversions > invBefore, c.answers.side > sideBefore)
 		if sent != 0 && drop < 0 && c.pool.learned.mode.get() != ModeInOrder {
 			c.answers.noteDepthCost(int64(cl.seq)-1-cl.readsAt.Load(), now-sent) // see depthcost.go
 		}

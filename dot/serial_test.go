@@ -46,7 +46,7 @@ func TestConnServedInOrderIsSerialUntilItOvertakes(t *testing.T) {
 	if !beliefOutlived([]*conn{c}) {
 		t.Error("A serial connection alone does not outlive the out-of-order belief")
 	}
-	c.judgeSerialLocked(0, true, true) // an answer that overtook
+	c.judgeSerialLocked(0, true, true, false) // an answer that overtook
 	if c.serial.Load() || !c.overtaken.Load() {
 		t.Errorf("After an answer out of order: serial %v, overtaken %v; want overtaken", c.serial.Load(), c.overtaken.Load())
 	}
@@ -80,5 +80,5 @@ func noteAsReader(c *conn, seq uint32, sent, now, depth int64) {
 	slow, waited, side, inv, busy := l.busySlow, l.waited, l.side, l.inversions, l.busy
 	behind := l.queuedBehind(seq, sent, now, depth)
 	l.note(seq, sent, now, true)
-	c.judgeSerialLocked(l.busySlow-slow+l.waited-waited+behind, l.busy > busy, l.inversions > inv || l.side > side)
+	c.judgeSerialLocked(l.busySlow-slow+l.waited-waited+behind, l.busy > busy, l.inversions > inv, l.side > side)
 }

@@ -144,13 +144,14 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	return true
 }
 
-// anySerial reports whether a connection of conns serves in order by its
-// own answers (serial.go): a query that waits for a dial of its own found it
-// busy, and forward would have dialled for it. Off the hot path: under p.mu,
+// anySerial reports whether a connection of conns that takes queries
+// serves in order by its own answers (serial.go): a query that waits for a
+// dial of its own found it busy, and forward would have dialled for it. Not
+// one closing or cut: the queries a cut replays dial as the mode says. Off the hot path: under p.mu,
 // for a waiter's dial.
 func anySerial(conns []*conn) bool {
 	for _, c := range conns {
-		if c.serial.Load() {
+		if c.serial.Load() && c.avail().takes() {
 			return true
 		}
 	}
