@@ -74,6 +74,9 @@
 //   - depthcost.go: out of order, what a query's place on its connection
 //     costs it (answer time against depth, fitted), and the depth that
 //     bounds a connection where it costs (a server working on k at once).
+//   - serial.go: a connection's own order verdict (serial), weighed per
+//     answer: out of order, one whose answers show it served in order takes
+//     a query only with nothing outstanding (a balancer's in-order backend).
 //   - silence.go: a silent connection, found on the sweeper's ticks, and what
 //     its silence teaches the query limit.
 //   - probe.go: the depth probe: a slow out-of-order upstream with no limit
@@ -133,6 +136,9 @@
 //     outstanding, averaged (mode.usual); it scales the rescue delay. The
 //     plugin's answer time, what a client waits, is another quantity
 //     (docs/design.md, "Answer times").
+//   - serial: a connection whose own answers show it served in order
+//     (serial.go; never one with an answer of its own out of order): out of
+//     order, it takes a query only with nothing outstanding.
 //   - blocked: a connection that has read nothing for the rescue delay while a
 //     query has waited that long behind an older one, and something shows that
 //     it waits behind it rather than being slow itself (the mode is in order,

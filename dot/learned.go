@@ -154,12 +154,8 @@ type serveMode struct {
 	// last update (see waitedSuffices)
 	waitedKept, waitedSince atomic.Int64
 
-	until    int64 // unix ns until which mode holds without new evidence
-	inverted int64 // unix ns of the last answer out of order seen
-	// outlived: no open connection's own answers hold out of order any
-	// more, and one's show it serves in order (see Pool.beliefOutlived);
-	// set by the sweeper before each update
-	outlived     bool
+	until        int64    // unix ns until which mode holds without new evidence
+	inverted     int64    // unix ns of the last answer out of order seen
 	acc          evidence // decayed: each update keeps 7/8 of it (inversions unused)
 	inOrderUsual int64    // ns: the least usual answer time since the mode last became in-order
 	crowded      float64  // decayed: updates in order whose queries alone were answered fourfold slower than inOrderUsual
@@ -346,7 +342,7 @@ func (m *serveMode) decide(old Mode, e evidence, alone, now int64) Mode {
 	case old == ModeInOrder && m.crowdedBy(alone) >= minCrowdedEvidence:
 		m.gainless = m.mean.Load()
 		return ModeUnknown
-	case now-m.inverted < int64(outOfOrderQuiet) && !m.outlived:
+	case now-m.inverted < int64(outOfOrderQuiet):
 	case a.rescued >= minRescueEvidence || (slowGaps || waited) && gain:
 		if e.rescued > 0 || e.busySlow > 0 || e.waited > 0 || old != ModeInOrder {
 			m.until = now + int64(learnedTTL)

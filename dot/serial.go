@@ -14,27 +14,32 @@ package dot
 // queries that waited behind the one before (answerLog.noteBusy's busySlow
 // and waited, weighed as there) and queries whose answer time grew with the
 // calls written before them (queuedBehind) add to its weight; an answer
-// that shows none fades it; an answer of its own that overtook or came
-// side by side with the one before clears it. A connection whose weight
-// reaches minSerialEvidence is serial: it takes a query only with nothing
-// outstanding, as the in-order mode would give it one, and a query that
-// finds every other connection full goes as pickIdle sends it (an idle
-// connection, or a dial of its own), as forward's would.
+// that shows none fades it; an answer side by side with the one before
+// clears it. A connection whose weight reaches minSerialEvidence, and no
+// answer of whose ever overtook, is serial: out of order, it takes a query
+// only with nothing outstanding, as the in-order mode would give it one,
+// and a query that finds every other connection full goes as pickIdle
+// sends it (an idle connection, or a dial of its own), as forward's would.
+// The mode in order or unknown, the verdict changes nothing: pickIdle gives
+// a query a connection each already, or the address's evidence is still
+// forming from the queues the verdict would forbid.
 //
-// A connection that overtakes keeps being used deep: every answer of its
-// own out of order clears its weight (unbound's connections, whose answers
-// come tens of microseconds apart, show no slow gap at all).
+// A connection that overtakes keeps being used deep: it is never serial
+// (unbound's connections, whose answers come tens of microseconds apart,
+// show no slow gap either). A check of a few loads and float operations
+// per answer, under conn.mu; pick loads one flag per connection.
 
 const (
-	// minSerialEvidence: the weight (slow gaps and waited answers of the
-	// connection's own, faded) that makes a connection serial.
+	// minSerialEvidence: the weight (slow gaps, waited answers and answers
+	// queued behind of the connection's own, faded) that makes a
+	// connection serial.
 	minSerialEvidence = 4
-	// serialFade: a busy answer that shows no wait behind the one before
-	// keeps this share of the connection's weight.
+	// serialFade: an answer that shows no wait behind the one before keeps
+	// this share of the connection's weight.
 	serialFade = 7.0 / 8
 	// maxSerialWeight: the most weight a connection holds, so that a
 	// verdict a server's switch in place made wrong fades within a few
-	// busy answers.
+	// busy answers that show no wait.
 	maxSerialWeight = 2 * minSerialEvidence
 )
 
@@ -97,24 +102,4 @@ func (c *conn) judgeSerialLocked(ev float64, busy, overtook, side bool) {
 	if s := c.serialWeight >= minSerialEvidence && !c.overtaken.Load(); s != c.serial.Load() {
 		c.serial.Store(s)
 	}
-}
-
-// beliefOutlived reports whether the out-of-order belief has outlived the
-// connections that earned it: no open connection's own answers hold it (an
-// answer that overtook or came side by side, not shown serial since: closed,
-// or a server switched in place now serving it in order), and one open
-// connection's show it served in order. Then in-order evidence counts at
-// once, not only outOfOrderQuiet after the last answer out of order: that
-// answer's server is gone (mixed property seeds 58, 79, 92: switched in
-// place to in order, the old belief held the new server's queues deep).
-// The sweeper's, at each learn.
-func beliefOutlived(conns []*conn) bool {
-	serial := false
-	for _, c := range conns {
-		if c.overtaken.Load() && !c.closed.Load() {
-			return false
-		}
-		serial = serial || c.serial.Load() && !c.closed.Load()
-	}
-	return serial
 }

@@ -456,7 +456,6 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	if st.aloneN > 0 {
 		alone = st.aloneSum / int64(st.aloneN)
 	}
-	m.outlived = beliefOutlived(conns)
 	mode, changed := m.update(st.evidence, alone, now)
 	if changed && mode == ModeInOrder {
 		p.beliefYoung(now) // re-tested soon: see orderCheckRate
