@@ -29,6 +29,9 @@ type answerLog struct {
 	// without it, to tell a query waiting behind another (a later one was
 	// answered) from a slow one (see conn.stuckLocked).
 	newestSent atomic.Int64
+	// lastAlone: the answer time (ns) of the latest call answered alone on
+	// the connection, uncut (see queuedBehind; 0: none yet)
+	lastAlone int64
 	// spell: the latest answers to calls alone on the connection, uncut by
 	// aloneCeiling: a slow spell's answers are what it shows (see spell.go)
 	spell spellSamples
@@ -125,6 +128,7 @@ func (l *answerLog) note(seq uint32, sentAt, now int64, delivered bool) {
 	case seq == l.lastSeq+1 && sentAt != 0 && sentAt >= l.lastAt:
 		t := now - sentAt
 		l.spell.add(sentAt, t)
+		l.lastAlone = t
 		if l.aloneCeiling > 0 {
 			t = min(t, l.aloneCeiling)
 		}

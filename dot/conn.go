@@ -52,7 +52,9 @@ type conn struct {
 	// order past a few (see orderedqueue.go); 0: no such bound. The
 	// sweeper's; pickInTurn reads it.
 	orderedCap atomic.Int32
-	wseq       uint32 // writer goroutine only: calls written so far
+	serial     atomic.Bool // its own answers show it served in order (serial.go): it takes a query only with nothing outstanding; written under mu
+	overtaken  atomic.Bool // an answer of its own overtook or came side by side, and it was not serial since (serial.go); written under mu
+	wseq       uint32      // writer goroutine only: calls written so far
 
 	mu         sync.Mutex
 	calls      callTable     // guarded by mu: live calls and tombstones by ID
@@ -72,7 +74,11 @@ type conn struct {
 	werr       error         // guarded by mu: the writer's first error; no write after it
 	idle       time.Duration // guarded by mu: IdleTimeout, lowered by the server's keepalive
 	answers    answerLog     // guarded by mu: what the answers say of the upstream (learned.go)
-	watch      blockWatch    // the sweeper's: is it blocked (rescue.go)
+	// serialWeight, guarded by mu: the in-order evidence of this
+	// connection's own answers, faded, since its last answer out of order
+	// (see judgeSerialLocked)
+	serialWeight float64
+	watch        blockWatch // the sweeper's: is it blocked (rescue.go)
 
 	// The sweeper's view of the read counter, guarded by mu: the reads seen at the
 	// last sweep and since when that number has not moved.

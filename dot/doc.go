@@ -77,6 +77,9 @@
 //   - orderedqueue.go: out of order, a connection whose queries past a
 //     few wait in write order (its own answers show it), bounded, and the
 //     queries already queued there rescued.
+//   - serial.go: a connection's own order verdict (serial), weighed per
+//     answer: out of order, one whose answers show it served in order takes
+//     a query only with nothing outstanding (a balancer's in-order backend).
 //   - silence.go: a silent connection, found on the sweeper's ticks, and what
 //     its silence teaches the query limit.
 //   - probe.go: the depth probe: a slow out-of-order upstream with no limit
@@ -136,6 +139,9 @@
 //     outstanding, averaged (mode.usual); it scales the rescue delay. The
 //     plugin's answer time, what a client waits, is another quantity
 //     (docs/design.md, "Answer times").
+//   - serial: a connection whose own answers show it served in order
+//     (serial.go; never one with an answer of its own out of order): out of
+//     order, it takes a query only with nothing outstanding.
 //   - blocked: a connection that has read nothing for the rescue delay while a
 //     query has waited that long behind an older one, and something shows that
 //     it waits behind it rather than being slow itself (the mode is in order,

@@ -84,10 +84,11 @@ func (p *Pool) oneEach() bool {
 // room within it: the caller looks again without (see pick), so that reach
 // only spreads queries over the connections open, and opens none.
 func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
-	slots := int32(p.cfg.MaxInflight)   // per connection
-	depth, oldestOnly := p.queueBound() // the queries one is given: slots or fewer; the oldest alone queues
-	after, now := p.overdueAfter()      // connections overdue take no more
-	for range 3 {                       // losing the last slot to another caller: is retried on a fresh snapshot
+	slots := int32(p.cfg.MaxInflight)                    // per connection
+	depth, oldestOnly := p.queueBound()                  // the queries one is given: slots or fewer; the oldest alone queues
+	after, now := p.overdueAfter()                       // connections overdue take no more
+	serialOnes := p.learned.mode.get() == ModeOutOfOrder // connections serial by their own answers take one at a time (serial.go)
+	for range 3 {                                        // losing the last slot to another caller: is retried on a fresh snapshot
 		var best, quiet *conn
 		oldest := true // no connection that accepts cl was looked at yet
 		var load, quietLoad int32
@@ -97,6 +98,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 		counted := 0               // connections that count toward the cap
 		served := int64(0)         // unix ns of the latest answer that served a connection's next query
 		overdue := false           // a connection with room was passed over as overdue
+		serial := false            // a connection with room was passed over as serial (serial.go)
 		for _, c := range *p.conns.Load() {
 			a := c.avail()
 			if p.countsTowardCap(a) {
@@ -120,6 +122,9 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			if oldestOnly && !oldest {
 				lim = 1 // see dearQueue: only the oldest holds a queue
 			}
+			if serialOnes && c.serial.Load() {
+				lim = 1 // its own answers show it serves in order (serial.go)
+			}
 			oldest = false
 			switch {
 			case best != nil:
@@ -127,6 +132,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 					spares++
 				}
 			case l >= lim:
+				serial = serial || serialOnes && l < depth && c.serial.Load()
 			case c.cappedAt(l):
 				overdue = true // full to the bound of its ordered queue: as an overdue one
 			case c.overdue(after, now):
@@ -140,7 +146,12 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 				quiet, quietLoad = c, l
 			}
 		}
-		if best == nil && reach != 0 {
+		if best == nil && reach != 0 && !serial {
+			// Not past a serial connection busy (serial.go): the query
+			// goes as pickIdle sends it, below, rather than past the
+			// reach on the one that overtakes (mixed property seed 63:
+			// its one out-of-order connection took every query as the
+			// others served theirs in order, past a query limit of 809).
 			return nil
 		}
 		if best == nil {
@@ -171,7 +182,7 @@ func (p *Pool) pickInTurn(cl *call, reach int32) *conn {
 			best, load = leastLoadedBlocked(*p.conns.Load(), slots)
 			within = slots
 		}
-		if best == nil && cl.within == 0 && (overdue || queuesServed || oldestOnly) {
+		if best == nil && cl.within == 0 && (overdue || queuesServed || oldestOnly || serial) {
 			// Every connection with room holds a queue that, were the
 			// upstream in order, would take longer than a dial, and
 			// queues are being served, or waits for an overdue answer,

@@ -103,12 +103,16 @@ func (c *conn) dispatch(frame []byte) {
 		c.answers.sideOnly = cl.orderCheck && c.pool.slowUnknown()
 		c.answers.fedOne = c.pool.queueOnOldest()
 		slowBefore, waitedBefore, sideBefore := c.answers.busySlow, c.answers.waited, c.answers.side
+		invBefore, busyBefore := c.answers.inversions, c.answers.busy
 		if c.overtookLocked(cl.seq) {
 			c.answers.inversions++
 			c.answers.overtook = cl.seq // its overtaken calls' answers count no more (see note)
 		}
 		sent := cl.sentAt.Load()
+		behind := c.answers.queuedBehind(cl.seq, sent, now, int64(cl.seq)-1-cl.readsAt.Load())
 		c.answers.note(cl.seq, sent, now, drop < 0)
+		c.judgeSerialLocked(c.answers.busySlow-slowBefore+c.answers.waited-waitedBefore+behind, c.answers.busy > busyBefore,
+			c.answers.inversions > invBefore, c.answers.side > sideBefore)
 		if sent != 0 && drop < 0 && c.pool.learned.mode.get() != ModeInOrder {
 			c.answers.noteDepthCost(int64(cl.seq)-1-cl.readsAt.Load(), now-sent) // see depthcost.go
 		}
