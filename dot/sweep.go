@@ -459,6 +459,8 @@ func (p *Pool) learn(now int64, conns []*conn) {
 	mode, changed := m.update(st.evidence, alone, now)
 	if changed && mode == ModeInOrder {
 		p.beliefYoung(now) // re-tested soon: see orderCheckRate
+		// What the cold start opened counts as used: see takenOpen.
+		p.sizer.noteUsed(now, takenOpen(conns))
 	}
 	// A query a connection in order, and while the mode is unknown and the
 	// upstream timed slow (slowUnknown; not the untimed start, which says
