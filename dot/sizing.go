@@ -105,10 +105,13 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 	}
 	capConns := p.capConns()
 	openCap := capConns // what maxOpen allows beyond
-	if waiter && (p.queueDepth() < int32(p.cfg.MaxInflight) || p.probedReach() != 0 || p.learned.mode.get() == ModeOutOfOrder && anySerial(conns)) {
+	if waiter && (p.queueDepth() < int32(p.cfg.MaxInflight) || p.probedReach() != 0 ||
+		p.learned.mode.get() == ModeOutOfOrder && anySerial(conns)) {
 		// A query that would wait longer behind others than for a
-		// dial (queueDepth), or that would go past the depth a slow
-		// upstream served (probedReach): the cap in order, as for
+		// dial (queueDepth), that would go past the depth a slow
+		// upstream served (probedReach), or that found a connection
+		// serving in order by its own answers busy (anySerial, out of
+		// order): the cap in order, as for
 		// slowUnknown. Only while that bound holds: other waiters
 		// (those of the first dial, firstdial.go) keep the cap of the
 		// mode.
@@ -147,8 +150,8 @@ func (p *Pool) startDialLocked(want int, waiter bool) bool {
 // anySerial reports whether a connection of conns that takes queries
 // serves in order by its own answers (serial.go): a query that waits for a
 // dial of its own found it busy, and forward would have dialled for it. Not
-// one closing or cut: the queries a cut replays dial as the mode says. Off the hot path: under p.mu,
-// for a waiter's dial.
+// one closing or cut: the queries a cut replays dial as the mode says. Off
+// the hot path: under p.mu, for a waiter's dial.
 func anySerial(conns []*conn) bool {
 	for _, c := range conns {
 		if c.serial.Load() && c.avail().takes() {
