@@ -1,6 +1,7 @@
 package dot
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -22,9 +23,8 @@ func TestBoundedPipeliningFaresAsForward(t *testing.T) {
 	b.inOrder = false
 	model := runForward(t, &b, ld)
 	pool := runPool(t, &b, ld)
-	if pool.answered*100 < model.answered*98 || pool.p99() > model.p99()*6/5+5*time.Millisecond {
-		t.Errorf("4 at once: answered %d against %d, p99 %v against %v\n  pool:  %v\n  model: %v",
-			pool.answered, model.answered, pool.p99(), model.p99(), pool, model)
+	if bad := judgeServed(pool, model); len(bad) > 0 {
+		t.Errorf("4 at once: %s\n  pool:  %v\n  model: %v", strings.Join(bad, "; "), pool, model)
 	}
 }
 

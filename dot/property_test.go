@@ -211,24 +211,33 @@ func (o loadOutcome) String() string {
 	return s
 }
 
-// judge returns what the pool did worse than the model, or "".
+// judgeSeed returns what the pool did worse than the model, or "".
 func judgeSeed(pool, model loadOutcome) string {
+	bad := judgeServed(pool, model)
+	if len(pool.lost) > 0 {
+		bad = append(bad, fmt.Sprintf("%d queries lost", len(pool.lost)))
+	}
+	if pool.peak > model.peak {
+		bad = append(bad, fmt.Sprintf("%d connections at once > the model's %d", pool.peak, model.peak))
+	}
+	return strings.Join(bad, "; ")
+}
+
+// judgeServed returns how the pool answered fewer queries than the model or
+// later at the 99th percentile, past the property's margins (judgeSeed's
+// first two checks; the tests that judge a seed's answers alone, not its
+// connections, use it as well).
+func judgeServed(pool, model loadOutcome) []string {
 	var bad []string
 	if pool.answered*100 < model.answered*98 {
 		bad = append(bad, fmt.Sprintf("answered %d < 0.98 × the model's %d", pool.answered, model.answered))
-	}
-	if len(pool.lost) > 0 {
-		bad = append(bad, fmt.Sprintf("%d queries lost", len(pool.lost)))
 	}
 	if pool.answered > 0 && model.answered > 0 {
 		if p, m := pool.p99(), model.p99(); p > m*12/10+5*time.Millisecond {
 			bad = append(bad, fmt.Sprintf("p99 %v > 1.2 × the model's %v + 5ms", p, m))
 		}
 	}
-	if pool.peak > model.peak {
-		bad = append(bad, fmt.Sprintf("%d connections at once > the model's %d", pool.peak, model.peak))
-	}
-	return strings.Join(bad, "; ")
+	return bad
 }
 
 // loadTarget is the pool or the model of forward, as the load drives it.
