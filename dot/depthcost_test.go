@@ -18,11 +18,7 @@ import (
 // at once (78 against the model's 76 in two whole-package runs under -race,
 // where goroutines run in other orders) are TestPropertyMixed's to judge.
 func TestBoundedPipeliningFaresAsForward(t *testing.T) {
-	b, ld := drawMixed(85)
-	b.mix = &mixture{seed: 85, before: []backend{{depth: 4, speed: 1}}}
-	b.inOrder = false
-	model := runForward(t, &b, ld)
-	pool := runPool(t, &b, ld)
+	pool, model := runMixedBackends(t, 85, backend{depth: 4, speed: 1})
 	if bad := judgeServed(pool, model); len(bad) > 0 {
 		t.Errorf("4 at once: %s\n  pool:  %v\n  model: %v", strings.Join(bad, "; "), pool, model)
 	}

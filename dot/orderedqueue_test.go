@@ -17,11 +17,7 @@ import (
 // answers are that slow; without it (watchOrderedQueues returning at once)
 // 35-190, and the p99 was 116-240 ms against the model's 66.
 func TestOrderedQueueWrittenBeforeTheBoundMoves(t *testing.T) {
-	b, ld := drawMixed(29)
-	b.mix = &mixture{seed: 29, before: []backend{{depth: 4, speed: 1}}}
-	b.inOrder = false
-	model := runForward(t, &b, ld)
-	pool := runPool(t, &b, ld)
+	pool, model := runMixedBackends(t, 29, backend{depth: 4, speed: 1})
 	late, slow := 0, model.p99()*3/2
 	for _, d := range pool.took {
 		if d > slow {

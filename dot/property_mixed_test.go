@@ -131,6 +131,18 @@ func drawMixed(seed uint64) (behaviour, offeredLoad) {
 	return b, ld
 }
 
+// runMixedBackends runs a TestPropertyMixed seed's load against its upstream
+// served from the start by backends alone (in order as the first is, as
+// drawMixed prints it), on the forward model and on the pool: for the tests
+// that pin one seed's mix to named backends.
+func runMixedBackends(t *testing.T, seed uint64, backends ...backend) (pool, model loadOutcome) {
+	b, ld := drawMixed(seed)
+	b.mix = &mixture{seed: seed, before: backends}
+	b.inOrder = backends[0].depth == 1
+	model = runForward(t, &b, ld)
+	return runPool(t, &b, ld), model
+}
+
 // Which of the mix's behaviours a seed draws, at least one: bits of a
 // number from 1 to 7.
 const (

@@ -17,10 +17,7 @@ import (
 // connection's own verdict the first connection took nearly every query in
 // turn (p99 51 ms against 3).
 func TestBalancerInOrderBackendFaresAsForward(t *testing.T) {
-	b, ld := drawMixed(62)
-	b.mix = &mixture{seed: 62, before: []backend{{depth: 0, speed: 1}, {depth: 1, speed: 0.61}}}
-	model := runForward(t, &b, ld)
-	pool := runPool(t, &b, ld)
+	pool, model := runMixedBackends(t, 62, backend{depth: 0, speed: 1}, backend{depth: 1, speed: 0.61})
 	if bad := judgeServed(pool, model); len(bad) > 0 {
 		t.Errorf("%s\n  pool:  %v\n  model: %v", strings.Join(bad, "; "), pool, model)
 	}
